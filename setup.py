@@ -1,0 +1,66 @@
+"""Build the fork as the ``megatron-core`` distribution.
+
+The package is not committed: building first materializes it (pinned upstream + ``patches/``)
+with ``python -m tools.rebase apply``, which is a fast no-op when ``megatron/`` is current. The
+version is upstream's plus a PEP 440 local label naming the stack (e.g. ``0.19.0+rl.5.3f2a9c1d``),
+so anything that depends on ``megatron-core`` resolves to the fork.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import find_namespace_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+STAMP = re.compile(r"^__version__ = '([^']+)'$", re.M)
+
+
+def materialize() -> None:
+    if os.environ.get("MEGATRON_FORK_SKIP_APPLY") == "1" and (ROOT / "megatron").is_dir():
+        return
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "apply"], cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"materializing the patched tree failed (python -m tools.rebase apply exited {proc.returncode})")
+
+
+def fork_version() -> str:
+    info = (ROOT / "megatron" / "core" / "package_info.py").read_text()
+    stamps = STAMP.findall(info)
+    if not stamps:
+        sys.exit("megatron/core/package_info.py carries no fork version stamp; run python -m tools.rebase apply")
+    return stamps[-1]
+
+
+materialize()
+
+setup(
+    name="megatron-core",
+    version=fork_version(),
+    description="Megatron-core with a maintained RL patch series (MTP, mHC, R3 routing replay)",
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause AND Apache-2.0",
+    python_requires=">=3.11",
+    packages=find_namespace_packages(include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*"]),
+    package_data={"megatron.core": ["requirements.txt", "README.md"]},
+    include_package_data=False,
+    install_requires=[
+        "torch>=2.6.0",
+        "numpy",
+        "packaging>=24.2",
+        "typing_extensions",
+        "einops",
+        # Megatron-core imports triton at module level; CUDA builds of torch bring it themselves.
+        "triton; platform_system == 'Linux'",
+    ],
+    extras_require={
+        "te": ["transformer-engine[pytorch]"],
+        "flash-attn": ["flash-attn"],
+        "dev": ["pytest", "git-filter-repo", "psutil"],
+    },
+    zip_safe=False,
+)

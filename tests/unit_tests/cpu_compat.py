@@ -1,0 +1,50 @@
+"""A small, explicit CUDA stand-in so Megatron-core's unit tests run on CPU (gloo).
+
+Megatron-core assumes CUDA in a few corners that have nothing to do with what the tests check:
+the global memory buffer asks ``torch.cuda.current_device()`` for its device, and the model-parallel
+RNG tracker snapshots and restores CUDA generator states. On a machine without CUDA we point the
+device at the CPU and keep the "CUDA" generator state in a separate CPU generator, so forking the
+tracker neither fails nor disturbs the CPU stream. Nothing here is installed when CUDA is present.
+"""
+
+import torch
+
+_installed = False
+_fake_cuda_generator = torch.Generator()
+
+
+def _get_state(*_args, **_kwargs):
+    return _fake_cuda_generator.get_state()
+
+
+def _set_state(state, *_args, **_kwargs):
+    _fake_cuda_generator.set_state(state)
+
+
+def _manual_seed(seed):
+    _fake_cuda_generator.manual_seed(int(seed))
+
+
+def install() -> bool:
+    """Install the stand-ins when CUDA is unavailable; return whether they are active."""
+    global _installed
+    if torch.cuda.is_available():
+        return False
+    if _installed:
+        return True
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.get_rng_state = _get_state
+    torch.cuda.set_rng_state = _set_state
+    torch.cuda.manual_seed = _manual_seed
+    torch.cuda.manual_seed_all = _manual_seed
+    torch.cuda.synchronize = lambda *a, **k: None
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random._get_cuda_rng_state = _get_state
+    mp_random._set_cuda_rng_state = _set_state
+    _installed = True
+    return True
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -1,0 +1,1 @@
+"""Maintainer tooling for the Megatron-core RL fork."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.rebase.cli import main
+
+sys.exit(main())

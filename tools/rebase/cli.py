@@ -1,0 +1,85 @@
+"""Thin command-line layer over the library; works from any directory of the checkout."""
+
+import argparse
+import sys
+
+from tools.rebase.errors import RebaseError
+from tools.rebase.paths import layout as find_layout
+
+
+def _cmd_apply(args, lay):
+    from tools.rebase.workrepo import apply
+
+    apply(lay, force=args.force)
+    return 0
+
+
+def _cmd_export(args, lay):
+    from tools.rebase.workrepo import export
+
+    export(lay)
+    return 0
+
+
+def _cmd_check(args, lay):
+    from tools.rebase.check import check
+
+    problems = check(lay)
+    for problem in problems:
+        print(f"check: {problem}", file=sys.stderr)
+    if problems:
+        print(f"check: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print("check: ok")
+    return 0
+
+
+def _cmd_list(args, lay):
+    from tools.rebase.listing import patch_table, update_readme
+
+    if args.update_readme:
+        print("README.md updated" if update_readme(lay) else "README.md already current")
+    else:
+        sys.stdout.write(patch_table(lay))
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__)
+    parser.add_argument("-C", dest="directory", help="run as if started in this directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("apply", help="build the work repo (base + one commit per patch) and megatron/")
+    p.add_argument("--force", action="store_true", help="discard unexported work-repo edits and local edits in megatron/")
+    p.set_defaults(func=_cmd_apply)
+    p = sub.add_parser("export", help="regenerate patches/ from the work repo's commits")
+    p.set_defaults(func=_cmd_export)
+    p = sub.add_parser("check", help="verify pin, series, strict apply, export equality and Tests: trailers")
+    p.set_defaults(func=_cmd_check)
+    p = sub.add_parser("list", help="print the patch table (Markdown)")
+    p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
+    p.set_defaults(func=_cmd_list)
+    for extra in _extra_commands():
+        extra(sub)
+    return parser
+
+
+def _extra_commands():
+    """Commands that live in their own modules (bump, report) register themselves here."""
+    out = []
+    try:
+        from tools.rebase.bump_cli import register as bump_register
+
+        out.append(bump_register)
+    except ImportError:
+        pass
+    return out
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        lay = find_layout(args.directory)
+        return args.func(args, lay)
+    except RebaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

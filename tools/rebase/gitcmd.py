@@ -1,0 +1,110 @@
+"""Run git hermetically: no user or system config, fixed locale and committer identity.
+
+Export output and commit ids must not depend on whoever runs the tool (rebase-tool-anchors,
+experiments 7 and 8), so every call goes through here.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+COMMITTER_NAME = "Megatron RL fork tooling"
+COMMITTER_EMAIL = "rebase@megatron-rl-fork.invalid"
+
+_ATTRIBUTES = Path(__file__).with_name("gitattributes")
+
+# Settings that change format-patch/diff output or commit ids when a user sets them.
+_PINNED_CONFIG = {
+    "core.autocrlf": "false",
+    "core.attributesFile": str(_ATTRIBUTES),
+    "core.quotePath": "true",
+    "diff.noprefix": "false",
+    "diff.mnemonicPrefix": "false",
+    "diff.algorithm": "myers",
+    "diff.context": "3",
+    "diff.interHunkContext": "0",
+    "diff.orderFile": "/dev/null",
+    "diff.relative": "false",
+    "diff.renames": "true",
+    "format.signature": "",
+    "format.headers": "",
+    "format.numbered": "false",
+    "log.showSignature": "false",
+    "commit.gpgSign": "false",
+    "tag.gpgSign": "false",
+    "gc.auto": "0",
+    "am.threeWay": "false",
+    "am.keepcr": "true",
+    "init.defaultBranch": "main",
+    "advice.detachedHead": "false",
+    "user.name": COMMITTER_NAME,
+    "user.email": COMMITTER_EMAIL,
+}
+
+
+def hermetic_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        LC_ALL="C",
+        LANG="C",
+        TZ="UTC",
+        GIT_COMMITTER_NAME=COMMITTER_NAME,
+        GIT_COMMITTER_EMAIL=COMMITTER_EMAIL,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_EDITOR="true",
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def git(*args, cwd, check=True, env=None, input=None, binary=False):
+    """Run ``git args`` in ``cwd``; return stdout (str, or bytes when ``binary``)."""
+    cmd = ["git"]
+    for key, value in _PINNED_CONFIG.items():
+        cmd += ["-c", f"{key}={value}"]
+    cmd += [str(a) for a in args]
+    proc = subprocess.run(
+        cmd,
+        cwd=str(cwd),
+        env=hermetic_env(env),
+        input=input.encode() if isinstance(input, str) else input,
+        capture_output=True,
+    )
+    if check and proc.returncode != 0:
+        raise GitFailed(args, proc.returncode, proc.stdout, proc.stderr)
+    return proc.stdout if binary else proc.stdout.decode("utf-8", "replace")
+
+
+def git_proc(*args, cwd, env=None, input=None):
+    """Run git and return the CompletedProcess without raising (stdout/stderr as text)."""
+    cmd = ["git"]
+    for key, value in _PINNED_CONFIG.items():
+        cmd += ["-c", f"{key}={value}"]
+    cmd += [str(a) for a in args]
+    return subprocess.run(
+        cmd, cwd=str(cwd), env=hermetic_env(env), input=input, capture_output=True, text=True
+    )
+
+
+class GitFailed(RebaseError):
+    def __init__(self, args, code, stdout, stderr):
+        self.code = code
+        self.stdout = stdout.decode("utf-8", "replace") if isinstance(stdout, bytes) else stdout
+        self.stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+        super().__init__(
+            f"git {' '.join(str(a) for a in args)} failed ({code}):\n{self.stderr.strip()}"
+        )
+
+
+def rev_parse(repo, rev):
+    proc = git_proc("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=repo)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def is_clean(repo) -> bool:
+    return git("status", "--porcelain", "--untracked-files=all", cwd=repo).strip() == ""

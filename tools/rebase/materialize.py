@@ -1,0 +1,101 @@
+"""Copy the patched package out of the work repo as top-level ``megatron/`` and stamp its version.
+
+The copy is guarded by a manifest of file hashes: if someone edited the materialized tree by hand,
+re-materializing refuses instead of silently discarding the edits (edits belong in the work repo).
+"""
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+PACKAGE_DIR = "megatron"
+MANIFEST = ".fork-manifest.json"
+VERSION_FILE = Path("core") / "package_info.py"
+STAMP_MARK = "# --- stamped by tools.rebase when the fork was materialized ---"
+
+
+def upstream_version(package_info: Path) -> str:
+    """Read MAJOR/MINOR/PATCH/PRE_RELEASE literals from upstream's package_info.py."""
+    values = {}
+    tree = ast.parse(package_info.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in ("MAJOR", "MINOR", "PATCH", "PRE_RELEASE"):
+                values[target.id] = ast.literal_eval(node.value)
+    try:
+        return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE', '')}"
+    except KeyError as exc:
+        raise RebaseError(f"{package_info}: cannot find {exc} to compute the version") from None
+
+
+def fork_version(base_version: str, patch_count: int, stack_digest: str) -> str:
+    """PEP 440: ``<upstream version>+rl.<patches>.<digest>``, e.g. ``0.19.0+rl.5.3f2a9c1d``."""
+    return f"{base_version}+rl.{patch_count}.{stack_digest[:8]}"
+
+
+def _hash_tree(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name == MANIFEST or name.endswith((".pyc", ".so")):
+                continue
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
+    return out
+
+
+def local_edits(target: Path) -> list:
+    """Files in ``target`` that differ from what the tool last wrote there."""
+    manifest_path = target / MANIFEST
+    if not target.exists():
+        return []
+    if not manifest_path.is_file():
+        return ["(no manifest: this megatron/ was not written by tools.rebase)"]
+    recorded = json.loads(manifest_path.read_text())
+    current = _hash_tree(target)
+    changed = [p for p in sorted(set(recorded) | set(current)) if recorded.get(p) != current.get(p)]
+    return changed
+
+
+def materialize(work_tree: Path, target: Path, version: str, force: bool = False) -> bool:
+    """Replace ``target`` with ``work_tree/megatron`` stamped with ``version``; False if unchanged."""
+    source = work_tree / PACKAGE_DIR
+    if not source.is_dir():
+        raise RebaseError(f"{work_tree}: the upstream tree has no {PACKAGE_DIR}/ package")
+    edits = local_edits(target)
+    if edits and not force:
+        shown = "\n  ".join(edits[:10]) + ("\n  ..." if len(edits) > 10 else "")
+        raise RebaseError(
+            f"{target} has local edits that would be overwritten:\n  {shown}\n"
+            f"Edit the work repo (.rebase/work) and export instead, or pass --force to discard them."
+        )
+    staging = target.with_name(target.name + ".tmp-materialize")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    info = staging / VERSION_FILE
+    info.write_text(info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
+    manifest = _hash_tree(staging)
+    if target.exists() and (target / MANIFEST).is_file():
+        if json.loads((target / MANIFEST).read_text()) == manifest:
+            shutil.rmtree(staging)
+            return False
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=0, sort_keys=True))
+    if target.exists():
+        old = target.with_name(target.name + ".tmp-old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(staging, target)
+    return True

@@ -1,0 +1,77 @@
+"""Where things live in a checkout of the fork, found from any directory inside it."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+PIN_FILE = "upstream.toml"
+
+
+def find_root(start=None) -> Path:
+    """Walk up from ``start`` (default: cwd) to the checkout root holding the pin file."""
+    here = Path(start or os.getcwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / PIN_FILE).is_file() and (candidate / "patches").is_dir():
+            return candidate
+    # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere).
+    tool_root = Path(__file__).resolve().parents[2]
+    if (tool_root / PIN_FILE).is_file():
+        return tool_root
+    raise RebaseError(f"no {PIN_FILE} and patches/ found in {here} or any parent directory")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """All paths the tool reads or writes, relative to one checkout root."""
+
+    root: Path
+
+    @property
+    def pin(self) -> Path:
+        return self.root / PIN_FILE
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series(self) -> Path:
+        return self.patches / "series"
+
+    @property
+    def resolutions(self) -> Path:
+        return self.root / "patches" / "resolutions"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".rebase"
+
+    @property
+    def cache(self) -> Path:
+        return Path(os.environ.get("FORK_REBASE_CACHE", self.state_dir / "cache"))
+
+    @property
+    def work(self) -> Path:
+        return self.state_dir / "work"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def package(self) -> Path:
+        return self.root / "megatron"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "REBASE_REPORT.md"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "REBASE_REPORT.json"
+
+
+def layout(start=None) -> Layout:
+    return Layout(find_root(start))

@@ -1,0 +1,145 @@
+"""Build the patch stack as commits (``git am``) and turn commits back into patch files.
+
+Both directions are hermetic: fixed committer identity and dates on the way in, pinned
+format-patch flags on the way out, so ids and bytes are reproducible on any machine.
+"""
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.series import FILE_NAME, SLUG, parse_trailers
+
+FORMAT_PATCH_FLAGS = (
+    "--zero-commit", "--no-signature", "--full-index", "--keep-subject", "--no-stat",
+    "--no-notes", "--find-renames=50%", "--no-binary", "--stdout",
+)
+
+
+def stack_digest(pin_bytes: bytes, series_bytes: bytes, patch_bytes: list) -> str:
+    h = hashlib.sha256()
+    for chunk in (pin_bytes, series_bytes, *patch_bytes):
+        h.update(len(chunk).to_bytes(8, "big"))
+        h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def scratch_worktree(work: Path, start: str):
+    """A detached temporary worktree of ``work`` at ``start``; always removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=work.parent))
+    shutil.rmtree(tmp)
+    git("worktree", "add", "-q", "--detach", tmp, start, cwd=work)
+    try:
+        yield tmp
+    finally:
+        git_proc("am", "--abort", cwd=tmp) if (tmp / ".git").exists() else None
+        git_proc("worktree", "remove", "--force", tmp, cwd=work)
+        shutil.rmtree(tmp, ignore_errors=True)
+        git_proc("worktree", "prune", cwd=work)
+
+
+def am_one(tree: Path, patch: Path, three_way: bool) -> str:
+    """Apply one patch as one commit on HEAD of ``tree``; return the new commit id."""
+    before = rev_parse(tree, "HEAD")
+    args = ["am", "-q", "-k", "--keep-cr", "--committer-date-is-author-date"]
+    if three_way:
+        args.append("-3")
+    proc = git_proc(*args, str(patch), cwd=tree)
+    after = rev_parse(tree, "HEAD")
+    if proc.returncode != 0:
+        detail = (proc.stdout + proc.stderr).strip()
+        git_proc("am", "--abort", cwd=tree)
+        mode = "with a 3-way merge" if three_way else "exactly (no fuzz, no 3-way merge)"
+        raise RebaseError(f"{patch.name} does not apply {mode}:\n{detail}")
+    if after == before:
+        raise RebaseError(
+            f"{patch.name} made no commit: its change is already in the tree below it "
+            f"(git said: {(proc.stdout + proc.stderr).strip() or 'nothing'})"
+        )
+    return after
+
+
+def build(work: Path, base: str, patches: list, three_way: bool = True) -> list:
+    """Apply ``patches`` on ``base`` in a scratch worktree; return the commit ids (base excluded).
+
+    Nothing in ``work``'s checkout or branches changes: on failure only loose objects remain.
+    """
+    commits = []
+    with scratch_worktree(work, base) as tree:
+        for patch in patches:
+            commits.append(am_one(tree, Path(patch).resolve(), three_way))
+    return commits
+
+
+def format_commit(repo: Path, commit: str) -> bytes:
+    out = git("format-patch", *FORMAT_PATCH_FLAGS, "-1", commit, cwd=repo, binary=True)
+    if not out.endswith(b"\n"):
+        out += b"\n"
+    return out
+
+
+def commit_message(repo: Path, commit: str) -> str:
+    return git("show", "-s", "--format=%B", commit, cwd=repo)
+
+
+def export_range(repo: Path, base: str, tip: str) -> list:
+    """Return ``[(file_name, bytes)]`` for base..tip in order; names come from Patch-Name."""
+    merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
+    if merges:
+        raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
+    if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
+        raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
+    commits = git("rev-list", "--reverse", f"{base}..{tip}", cwd=repo).split()
+    out, seen = [], {}
+    for number, commit in enumerate(commits, start=1):
+        message = commit_message(repo, commit)
+        subject = message.splitlines()[0] if message else ""
+        names = parse_trailers(message).get("Patch-Name", [])
+        if not names:
+            raise RebaseError(
+                f"commit {commit[:12]} ({subject!r}) has no 'Patch-Name:' trailer; add one "
+                f"(git commit --amend) so its patch file keeps a stable name"
+            )
+        name = names[0]
+        if not SLUG.match(name):
+            raise RebaseError(
+                f"commit {commit[:12]} ({subject!r}): Patch-Name {name!r} must be lowercase "
+                f"letters, digits, '.' and '-'"
+            )
+        if name in seen:
+            raise RebaseError(f"commits {seen[name][:12]} and {commit[:12]} share Patch-Name {name!r}")
+        seen[name] = commit
+        file_name = f"{number:04d}-{name}.patch"
+        assert FILE_NAME.match(file_name)
+        out.append((file_name, format_commit(repo, commit)))
+    return out
+
+
+def write_patch_dir(patches_dir: Path, files: list, series_text: str) -> bool:
+    """Make ``patches_dir`` hold exactly ``files`` (+ series); return True if anything changed."""
+    wanted = dict(files)
+    changed = False
+    for name, data in files:
+        path = patches_dir / name
+        if not path.is_file() or path.read_bytes() != data:
+            tmp = path.with_suffix(".patch.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            changed = True
+    for stale in patches_dir.glob("*.patch"):
+        if stale.name not in wanted:
+            stale.unlink()
+            changed = True
+    series = patches_dir / "series"
+    if not series.is_file() or series.read_text() != series_text:
+        tmp = series.with_name("series.tmp")
+        tmp.write_text(series_text)
+        os.replace(tmp, series)
+        changed = True
+    return changed
