@@ -275,3 +275,19 @@ def test_series_comments_survive_export(fork):
     assert fork.layout.series.read_text() == (
         "# header\n0001-alpha-seven.patch\n\n# beta needs alpha\n0002-beta-extra.patch\n# end\n"
     )
+
+
+def test_check_catches_stale_readme_table(fork):
+    from tools.rebase.listing import BEGIN, END, update_readme
+
+    two_patch_stack(fork)
+    readme = fork.root / "README.md"
+    readme.write_text(f"# fork\n\n{BEGIN}\n{END}\n\nmore\n")
+    assert check(fork.layout, log=quiet) == [
+        "README.md: the patch table is stale; run python -m tools.rebase list --update-readme"
+    ]
+    assert update_readme(fork.layout)
+    text = readme.read_text()
+    assert "| 0002 | `beta-extra` | [core] beta: add an extra constant | fork-only test fixture |" in text
+    assert text.endswith(f"{END}\n\nmore\n")
+    assert check(fork.layout, log=quiet) == []

@@ -94,4 +94,8 @@ def check(layout, log=print) -> list:
             )
     if not problems:
         log("fresh export is byte-identical")
+    from tools.rebase.listing import readme_is_stale
+
+    if readme_is_stale(layout):
+        problems.append("README.md: the patch table is stale; run python -m tools.rebase list --update-readme")
     return problems

@@ -28,6 +28,18 @@ def patch_table(layout) -> str:
     return "\n".join(rows) + "\n"
 
 
+def readme_is_stale(layout) -> bool:
+    """True when README.md carries the table markers and its table differs from the series."""
+    readme = layout.root / "README.md"
+    if not readme.is_file():
+        return False
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        return False
+    current = text.partition(BEGIN)[2].partition(END)[0]
+    return current != "\n" + patch_table(layout)
+
+
 def update_readme(layout) -> bool:
     readme = layout.root / "README.md"
     text = readme.read_text()
