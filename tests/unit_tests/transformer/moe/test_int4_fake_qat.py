@@ -179,7 +179,8 @@ class TestInt4FakeQatConfig:
 
         if not mcore_fsdp_adapter.HAVE_MEGATRON_FSDP:
             pytest.skip("megatron_fsdp is not importable")
-        with pytest.raises(ValueError, match="moe_int4_fake_qat is not supported with Megatron-FSDP"):
+        match = "moe_int4_fake_qat is not supported with Megatron-FSDP"
+        with pytest.raises(ValueError, match=match):
             mcore_fsdp_adapter.FullyShardedDataParallel(
                 moe_config(moe_int4_fake_qat=True),
                 DistributedDataParallelConfig(use_megatron_fsdp=True),
