@@ -314,7 +314,6 @@ class TestInt4FakeQatTEGroupedLinear:
         pytest.importorskip("transformer_engine")
         from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
 
-        torch.backends.cuda.matmul.allow_tf32 = False
         group = 48  # in_features 64 -> one full and one ragged group
         config = moe_config(
             moe_int4_fake_qat=True,
@@ -344,9 +343,13 @@ class TestInt4FakeQatTEGroupedLinear:
         xs = torch.split(x.detach(), m_splits)
         ref = torch.cat([xi @ qat.int4_fake_quantize(w, group).t() for xi, w in zip(xs, ref_w)])
         ref.backward(grad_out)
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        # Tolerances allow for TF32 inside TE's GEMMs; int4 rounding changes outputs by O(1).
+        tol = dict(rtol=1e-2, atol=2e-2)
+        torch.testing.assert_close(out, ref, **tol)
+        unquantized = torch.cat([xi @ w.detach().t() for xi, w in zip(xs, weights)])
+        assert (out - unquantized).abs().max() > 0.5
         for w, rw in zip(weights, ref_w):
-            torch.testing.assert_close(w.grad, rw.grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(w.grad, rw.grad, **tol)
         # Straight-through: the reference grad is grad_out^T x, independent of quantization.
         g0 = torch.split(grad_out, m_splits)[0].t() @ xs[0]
-        torch.testing.assert_close(weights[0].grad, g0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(weights[0].grad, g0, **tol)
