@@ -1,0 +1,183 @@
+"""TE linear parameters carry Megatron's parallel_mode (patch te-linear-parallel-mode-tags).
+
+Without Transformer Engine, megatron.core.extensions.transformer_engine defines TELinear on a
+MagicMock, so its __init__ never runs. The stand-in tests load the real module source a second
+time, under a private name, with a minimal fake ``transformer_engine`` whose ``pytorch.Linear``
+is a small real nn.Module; the real TELinear / TEColumnParallelLinear / TERowParallelLinear
+constructors (and their tagging code) then run on CPU.
+"""
+
+import importlib.util
+import sys
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+from packaging.version import Version
+
+import megatron.core.utils as mcore_utils
+from megatron.core.transformer import TransformerConfig
+from tests.unit_tests.test_utilities import Utils
+
+TE_EXTENSION = "megatron.core.extensions.transformer_engine"
+
+
+class StandInTELinear(torch.nn.Module):
+    """The part of te.pytorch.Linear that TELinear.__init__ relies on: sharded parameters."""
+
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        *,
+        bias=True,
+        parallel_mode=None,
+        tp_size=1,
+        params_dtype=torch.float32,
+        init_method=None,
+        **kwargs,
+    ):
+        super().__init__()
+        if parallel_mode == "column":
+            out_features //= tp_size
+        elif parallel_mode == "row":
+            in_features //= tp_size
+        self.parallel_mode = parallel_mode  # TE's own (communication) mode
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype))
+        if init_method is not None:
+            init_method(self.weight)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=params_dtype))
+        else:
+            self.register_parameter("bias", None)
+
+
+@pytest.fixture
+def te_ext(monkeypatch):
+    """The real transformer_engine extension module, built on a fake TE package."""
+    fake_te = MagicMock(name="transformer_engine")
+    fake_te.__version__ = "0.0.0"
+    fake_te.pytorch.Linear = StandInTELinear
+    monkeypatch.setitem(sys.modules, "transformer_engine", fake_te)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", fake_te.pytorch)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.fp8", fake_te.pytorch.fp8)
+    # Keep the process-wide TE version cache consistent and restore it afterwards.
+    monkeypatch.setattr(mcore_utils, "_te_version", Version("0.0.0"))
+    origin = importlib.util.find_spec(TE_EXTENSION).origin
+    name = "_te_extension_with_stand_in_te"
+    spec = importlib.util.spec_from_file_location(name, origin)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    assert module.HAVE_TE and issubclass(module.TELinear, StandInTELinear)
+    return module
+
+
+def tiny_config(**overrides):
+    values = dict(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        bf16=False,
+        params_dtype=torch.float32,
+    )
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def build(te_ext, kind, config, is_expert=False, bias=True):
+    common = dict(
+        config=config,
+        init_method=torch.nn.init.normal_,
+        bias=bias,
+        skip_bias_add=True,
+        is_expert=is_expert,
+    )
+    if kind == "column":
+        return te_ext.TEColumnParallelLinear(32, 16, gather_output=False, **common)
+    if kind == "row":
+        return te_ext.TERowParallelLinear(32, 16, input_is_parallel=True, **common)
+    return te_ext.TELinear(
+        32, 16, parallel_mode=kind, skip_weight_param_allocation=False, tp_group=None, **common
+    )
+
+
+def tags(module):
+    return {name: getattr(p, "parallel_mode", "<missing>") for name, p in module.named_parameters()}
+
+
+class TestTELinearParallelModeTagsStandIn:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    @pytest.mark.parametrize("kind", ["column", "row", "duplicated"])
+    @pytest.mark.parametrize("cpu_init", [True, False])
+    def test_non_expert_modes(self, te_ext, kind, cpu_init):
+        layer = build(te_ext, kind, tiny_config(use_cpu_initialization=cpu_init))
+        assert set(tags(layer)) == {"weight", "bias"}
+        assert tags(layer) == {"weight": kind, "bias": kind}
+
+    def test_duplicated_is_not_recoverable_from_the_module(self, te_ext):
+        layer = build(te_ext, "duplicated", tiny_config())
+        assert layer.parallel_mode is None  # TE's mode: no communication
+        assert layer.weight.parallel_mode == "duplicated"
+        assert layer.weight.tensor_model_parallel is False
+
+    @pytest.mark.parametrize("kind", ["column", "row"])
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_expert_modes(self, te_ext, kind, bias):
+        layer = build(te_ext, kind, tiny_config(), is_expert=True, bias=bias)
+        expected = {"weight": kind, "bias": kind} if bias else {"weight": kind}
+        assert tags(layer) == expected
+        # The expert branch still sets its usual attributes alongside the tag.
+        assert layer.weight.tensor_model_parallel is True
+
+    def test_expert_helper_tags_numbered_grouped_parameters(self, te_ext):
+        module = torch.nn.Module()
+        for i in range(2):
+            module.register_parameter(f"weight{i}", torch.nn.Parameter(torch.zeros(2, 2)))
+            module.register_parameter(f"bias{i}", torch.nn.Parameter(torch.zeros(2)))
+        te_ext._set_expert_parameter_attributes(module, "row", use_expert_pgs=True)
+        assert set(tags(module).values()) == {"row"}
+        assert len(tags(module)) == 4
+
+
+@pytest.mark.gpu
+class TestTELinearParallelModeTagsRealTE:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_every_te_linear_parameter_is_tagged(self):
+        pytest.importorskip("transformer_engine")
+        from megatron.core.extensions import transformer_engine as te_ext
+
+        for cpu_init in (True, False):
+            config = tiny_config(use_cpu_initialization=cpu_init, moe_grouped_gemm=True)
+            for kind in ("column", "row", "duplicated"):
+                for is_expert in (False, True) if kind != "duplicated" else (False,):
+                    layer = build(te_ext, kind, config, is_expert=is_expert)
+                    found = tags(layer)
+                    assert found and set(found.values()) == {kind}, (kind, is_expert, found)
+            for cls, kind in (
+                (te_ext.TEColumnParallelGroupedLinear, "column"),
+                (te_ext.TERowParallelGroupedLinear, "row"),
+            ):
+                layer = cls(
+                    2,
+                    32,
+                    16,
+                    config=config,
+                    init_method=torch.nn.init.normal_,
+                    bias=True,
+                    skip_bias_add=False,
+                    is_expert=True,
+                )
+                found = tags(layer)
+                assert found and set(found.values()) == {kind}, (cls.__name__, found)
