@@ -53,11 +53,12 @@ class TestRouterReplayMTPBypass:
         assert [r.layer_number for r in instances] == [1, 2]
 
     def test_no_instances_without_replay(self):
-        build_gpt(replay_config(moe_enable_routing_replay=False), with_mtp=True)
+        _model = build_gpt(replay_config(moe_enable_routing_replay=False), with_mtp=True)
         assert RouterReplay.global_router_replay_instances == []
 
     def test_decoder_only_replay_data_is_accepted(self):
-        build_gpt(replay_config(), with_mtp=True)
+        model = build_gpt(replay_config(), with_mtp=True)
+        assert len(RouterReplay.global_router_replay_instances) == 2
         # Exactly what a rollout engine reports: one tensor per decoder MoE layer.
         RouterReplay.set_replay_data([forced_indices((0, 1)), forced_indices((2, 3))])
         targets = [r.target_topk_idx for r in RouterReplay.global_router_replay_instances]
