@@ -68,7 +68,7 @@ def experts_used(routing_map):
 
 
 def indices_to_map(indices, num_experts):
-    out = torch.zeros(indices.shape[0], num_experts, dtype=torch.bool)
+    out = torch.zeros(indices.shape[0], num_experts, dtype=torch.bool, device=indices.device)
     out.scatter_(1, indices.long(), True)
     return out
 
