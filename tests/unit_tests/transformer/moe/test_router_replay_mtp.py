@@ -9,6 +9,8 @@ import copy
 
 import torch
 
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.moe.router import InferenceTopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 from tests.unit_tests.test_utilities import Utils
 from tests.unit_tests.transformer.moe.router_replay_helpers import (
@@ -51,6 +53,14 @@ class TestRouterReplayMTPBypass:
         instances = RouterReplay.global_router_replay_instances
         assert instances == [r.router_replay for r in decoder_routers(model)]
         assert [r.layer_number for r in instances] == [1, 2]
+
+    def test_inference_router_keeps_the_mtp_flag(self):
+        config = replay_config(moe_router_load_balancing_type="none")
+        pg = ProcessGroupCollection.use_mpu_process_groups()
+        mtp_router = InferenceTopKRouter(config=config, pg_collection=pg, is_mtp_layer=True)
+        decoder_router = InferenceTopKRouter(config=config, pg_collection=pg)
+        assert mtp_router.is_mtp_layer and mtp_router.router_replay is None
+        assert RouterReplay.global_router_replay_instances == [decoder_router.router_replay]
 
     def test_no_instances_without_replay(self):
         _model = build_gpt(replay_config(moe_enable_routing_replay=False), with_mtp=True)
@@ -107,12 +117,14 @@ class TestRouterReplayMTPBypass:
         forced = forced_indices((2, 3))
         RouterReplay.set_replay_data([forced, forced])
         RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
-        capture = RoutingCapture(decoder_routers(model))
+        mtp = mtp_routers(model)
+        capture = RoutingCapture(decoder_routers(model) + mtp)
         with torch.no_grad():
             run_forward(model)
         for router in decoder_routers(model):
             assert torch.equal(capture.last(router), indices_to_map(forced, 4))
             assert router.router_replay.replay_backward_list == []
+        assert torch.equal(capture.last(mtp[0]), capture.free_choice(mtp[0]))
         capture.remove()
 
 
