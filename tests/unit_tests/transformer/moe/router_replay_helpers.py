@@ -33,7 +33,9 @@ def decoder_routers(model):
 
 def mtp_routers(model):
     return [
-        m for name, m in model.named_modules() if name.startswith("mtp.") and isinstance(m, TopKRouter)
+        m
+        for name, m in model.named_modules()
+        if name.startswith("mtp.") and isinstance(m, TopKRouter)
     ]
 
 

@@ -43,8 +43,10 @@ class TestTopkRoutingSorted:
     def test_no_grad_selection_is_sorted_by_score(self, kwargs):
         logits = torch.randn(NUM_TOKENS, NUM_EXPERTS, generator=torch.Generator().manual_seed(8))
         _, indices = _route(logits, False, **kwargs)
-        if kwargs["score_function"] == "sigmoid" or kwargs.get("use_pre_softmax"):
-            scores = torch.softmax(logits, -1) if kwargs.get("use_pre_softmax") else logits.sigmoid()
+        if kwargs["score_function"] == "sigmoid":
+            scores = logits.sigmoid()
+        elif kwargs.get("use_pre_softmax"):
+            scores = torch.softmax(logits, -1)
         else:
             scores = logits
         picked = scores.gather(1, indices)

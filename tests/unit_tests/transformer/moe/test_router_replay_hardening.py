@@ -75,7 +75,8 @@ class TestRouterReplayByLayerNumber(_ReplayTestBase):
 class TestRouterReplayMismatchErrors(_ReplayTestBase):
     def test_list_count_mismatch_names_expected_layers(self):
         _model = build_gpt(replay_config(), with_mtp=True)
-        with pytest.raises(ValueError, match=r"replay tensors \(3\).*instances \(2\).*layers \[1, 2\]"):
+        expected = r"replay tensors \(3\).*instances \(2\).*layers \[1, 2\]"
+        with pytest.raises(ValueError, match=expected):
             RouterReplay.set_replay_data([forced_indices((0, 1))] * 3)
 
     def test_mapping_key_mismatch_names_missing_and_unexpected_layers(self):
