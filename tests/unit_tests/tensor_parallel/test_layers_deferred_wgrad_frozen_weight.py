@@ -20,6 +20,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.utils import drain_embedding_wgrad_compute
 from tests.unit_tests.test_utilities import Utils
 from tests.unit_tests.transformer.mtp_testing import (
+    reset_mtp_state,
     attach_main_grads,
     build_model,
     causal_batch,
@@ -80,6 +81,7 @@ def _drain(model):
 class TestColumnParallelLinearFrozenWeightDeferral:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
@@ -125,6 +127,7 @@ class TestColumnParallelLinearFrozenWeightDeferral:
 class TestMTPHeadWithDeferredEmbeddingWgrad:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
@@ -205,6 +208,7 @@ class TestMTPHeadWithDeferredEmbeddingWgrad:
 class TestMTPHeadWithDeferredEmbeddingWgradGPU:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()

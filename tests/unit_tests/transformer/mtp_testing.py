@@ -117,3 +117,11 @@ def attach_main_grads(model):
     """Give every parameter a zeroed fp32 ``main_grad`` as DDP does for accumulation fusion."""
     for param in model.parameters():
         param.main_grad = torch.zeros_like(param, dtype=torch.float32)
+
+
+def reset_mtp_state():
+    """Reset MTP's process-wide state (loss scale, metrics tracker sized by mtp_num_layers)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0))
+    MTPLossLoggingHelper.tracker.clear()

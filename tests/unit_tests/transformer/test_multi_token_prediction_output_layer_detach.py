@@ -12,13 +12,14 @@ import torch
 
 from megatron.core import tensor_parallel
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, process_mtp_loss
+from megatron.core.transformer.multi_token_prediction import process_mtp_loss
 from megatron.core.transformer.mtp_frozen_output_layer import (
     FrozenOutputLayer,
     freeze_output_layer_for_mtp,
 )
 from tests.unit_tests.test_utilities import Utils
 from tests.unit_tests.transformer.mtp_testing import (
+    reset_mtp_state,
     VOCAB,
     attach_main_grads,
     build_model,
@@ -98,6 +99,7 @@ class TestMTPDetachOutputLayerConfig:
 class TestMTPDetachOutputLayerGradients:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
@@ -210,7 +212,7 @@ class _PlainLinearHead(torch.nn.Module):
 class TestFrozenOutputLayerBias:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
-        MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0))
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
@@ -292,6 +294,7 @@ class TestMTPDetachOutputLayerGradientAccumulationFusionGPU:
 
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
+        reset_mtp_state()
 
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
