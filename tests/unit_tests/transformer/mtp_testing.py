@@ -3,7 +3,10 @@
 import torch
 
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_mtp_block_spec,
+)
 from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     SEQ,
@@ -37,7 +40,9 @@ def build_model(config, tied=False, with_mtp=True, seed=1234):
     """Tiny GPTModel on CPU; ``tied`` shares the word embeddings with the output layer."""
     torch.manual_seed(seed)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
-    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if with_mtp else None
+    mtp_spec = None
+    if with_mtp:
+        mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
     return GPTModel(
         config,
         spec,
@@ -109,7 +114,9 @@ def use_cpu_wgrad_accumulation(monkeypatch):
     from megatron.core.tensor_parallel import layers
 
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
-    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", CpuWgradAccumulation, raising=False)
+    monkeypatch.setattr(
+        layers, "fused_weight_gradient_mlp_cuda", CpuWgradAccumulation, raising=False
+    )
     monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", CpuWgradAccumulation)
 
 

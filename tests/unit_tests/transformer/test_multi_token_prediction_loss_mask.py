@@ -148,7 +148,7 @@ class TestMTPLossMaskContract:
     def test_derived_labels_match_explicit_rolled_labels(self):
         # Deriving from input_ids is the same as passing labels rolled once per sequence with
         # the label-aligned (rolled) mask.
-        input_ids, loss_mask, params, seq_of = _packed_batch()
+        input_ids, loss_mask, params, _ = _packed_batch()
         config = deterministic_config(hidden_size=HIDDEN, mtp_num_layers=1)
         total = input_ids.shape[-1]
         hidden = torch.randn(2 * total, 1, HIDDEN, requires_grad=True)
@@ -169,7 +169,9 @@ class TestMTPLossMaskContract:
             input_ids=input_ids,
         )
         torch.manual_seed(1)
-        process_mtp_loss(labels=None, loss_mask=loss_mask, compute_language_model_loss=derived, **common)
+        process_mtp_loss(
+            labels=None, loss_mask=loss_mask, compute_language_model_loss=derived, **common
+        )
         torch.manual_seed(1)
         process_mtp_loss(
             labels=labels, loss_mask=label_mask, compute_language_model_loss=explicit, **common

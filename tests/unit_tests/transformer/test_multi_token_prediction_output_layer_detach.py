@@ -128,6 +128,38 @@ class TestMTPDetachOutputLayerGradients:
         assert not all(is_zero_grad(p) for p in groups["decoder"])
         assert not all(is_zero_grad(p) for p in groups["mtp"])
 
+    @pytest.mark.parametrize("mode", ["none", "output_layer"])
+    @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+    def test_embedding_gets_mtp_gradient_only_as_decoder_input(self, tied, mode):
+        # Without the decoder_input bypass the MTP gradient that reaches the decoder flows on
+        # into the decoder's input embedding lookup, like any decoder gradient. In head-only
+        # mode that must be the word embeddings' *only* MTP gradient: exactly the lookup's
+        # scatter of the gradient at the decoder's embedding output.
+        model = build_model(_config(mode), tied=tied)
+        tokens, position_ids, mask = causal_batch()
+        captured = []
+
+        def capture_first_call(module, args, output):
+            if not captured:
+                captured.append(None)
+                output.register_hook(lambda grad: captured.__setitem__(0, grad.clone()))
+
+        handle = model.embedding.register_forward_hook(capture_first_call)
+        mtp_only_backward(model, tokens, position_ids, mask, labels=tokens)
+        handle.remove()
+        grad_at_decoder_input = captured[0]  # [s, b, h]
+        word_embeddings = model.embedding.word_embeddings.weight
+        lookup_only = torch.zeros_like(word_embeddings).index_add_(
+            0,
+            tokens.t().reshape(-1),
+            grad_at_decoder_input.reshape(-1, grad_at_decoder_input.shape[-1]),
+        )
+        assert lookup_only.abs().sum() > 0
+        if mode == "output_layer":
+            torch.testing.assert_close(grad_of(word_embeddings), lookup_only)
+        else:
+            assert not torch.allclose(grad_of(word_embeddings), lookup_only)
+
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
     def test_relation_to_upstream_modes(self, tied):
         # Without any detach the MTP loss trains head, embeddings and trunk; mtp_detach_heads
@@ -299,14 +331,23 @@ class TestMTPDetachOutputLayerGradientAccumulationFusionGPU:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.parametrize("ce", ["native", "fused_native", "fused_te"])
     @pytest.mark.parametrize("mode", ["output_layer", "heads"])
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-    def test_isolation_with_gradient_accumulation_fusion(self, mode, tied):
+    def test_isolation_with_gradient_accumulation_fusion(self, mode, tied, ce):
+        from megatron.core.extensions.transformer_engine import HAVE_TE
         from megatron.core.tensor_parallel import layers
 
         if not layers._grad_accum_fusion_available:
             pytest.skip("APEX fused_weight_gradient_mlp_cuda is not installed")
-        model = build_model(_config(mode, gradient_accumulation_fusion=True), tied=tied).cuda()
+        if ce == "fused_te" and not HAVE_TE:
+            pytest.skip("Transformer Engine is not installed")
+        ce_config = dict(
+            cross_entropy_loss_fusion=ce != "native",
+            cross_entropy_fusion_impl="te" if ce == "fused_te" else "native",
+        )
+        config = _config(mode, gradient_accumulation_fusion=True, **ce_config)
+        model = build_model(config, tied=tied).cuda()
         attach_main_grads(model)
         tokens, position_ids, mask = (t.cuda() for t in causal_batch())
         decoder_input = _detached_decoder_input(model, tokens, position_ids)
