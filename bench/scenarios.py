@@ -5,7 +5,7 @@ RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "re
 # Fork-only knobs, by the names the patches give them.
 RECLAIM = {"recompute_reclaim_checkpoint_inputs": True}
 MHC = {"enable_hyper_connections": True, "num_residual_streams": 4}
-MTP_FREE_FORWARD = {"skip_mtp": True}
+MTP_FREE_FORWARD = {"compute_mtp": False}
 
 SCENARIOS = {
     "plain": {"impls": ["upstream", "fork"], "config": {}, "mode": "train"},
