@@ -24,9 +24,10 @@ per token and head block) on the shared 2-core CI machine, so on CPU it is split
   {16, 128}: 16 leaves a ragged last block for 20 and 24 heads, fits 16 exactly and exceeds 1 and
   3; 128 hangs past every head count;
 - the autograd wrappers (SBHD reshapes, v_dim=0 in both layouts) at BLOCK_H=16 with 20 heads.
-GPU (``gpu`` marker): every BLOCK_H x every shape on the compiled kernels, the whole shape grid
-through the real autotuner (which runs every config on the live tensors), and a fused vs unfused
-MLA self-attention forward/backward comparison.
+GPU (``gpu`` marker): the same cases on the compiled kernels (the same split keeps the number of
+Triton compilations down), the whole shape grid through the real autotuner (which runs every
+BLOCK_H on the live tensors), and a fused vs unfused MLA self-attention forward/backward
+comparison.
 """
 
 import contextlib
@@ -292,7 +293,7 @@ def test_interpreter_suite_in_subprocess():
 
 @contextlib.contextmanager
 def _fixed_block_h(module, block_h):
-    """Give every autotuner of the private module a single config, so it launches without timing."""
+    """Give every autotuner of the kernel module one config, so it launches without timing."""
     tuners = [
         module.rotary_fwd_q_kernel,
         module.rotary_bwd_q_kernel,
@@ -456,7 +457,7 @@ class TestMLAYarnRopeKernelsGPU:
                 grads = {n: p.grad.clone() for n, p in attn.named_parameters() if p.grad is not None}
                 results.append((out.detach(), x.grad.clone(), grads))
             (out0, dx0, g0), (out1, dx1, g1) = results
-            tol = dict(rtol=1e-4, atol=1e-5)
+            tol = dict(rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(out1, out0, **tol)
             torch.testing.assert_close(dx1, dx0, **tol)
             assert g0 and g0.keys() == g1.keys()

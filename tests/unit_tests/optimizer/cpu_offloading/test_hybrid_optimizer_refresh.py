@@ -5,9 +5,10 @@ writes back. ``update_fp32_param_by_new_param`` (what DistributedOptimizer calls
 params from the model) must refresh every such copy, including those of parameters that are
 already fp32 and so have no separate fp32 master.
 
-The machine has no CUDA, so the test gives the optimizer what it needs to treat parameters as
-device-resident: parameters report ``is_cuda`` (a tensor subclass), pinning is a no-op, and CUDA streams/events are
-synchronous CPU stand-ins. The optimizer's own logic runs unchanged.
+With CUDA the parameters are real device tensors. Without it, the test gives the optimizer what it
+needs to treat parameters as device-resident: parameters report ``is_cuda`` (a tensor subclass),
+pinning is a no-op, and CUDA streams/events are synchronous CPU stand-ins. The optimizer's own
+logic runs unchanged either way.
 """
 
 import pytest
@@ -56,18 +57,20 @@ class _Stream:
 
 
 @pytest.fixture
-def device_standins(monkeypatch):
+def to_device(monkeypatch):
+    """Returns how to put a host tensor "on the device" (real CUDA, or the CPU stand-in)."""
     if torch.cuda.is_available():
-        pytest.skip("CPU stand-ins for a CUDA-less machine")
+        return lambda t: t.cuda()
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: _Stream())
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: stream)
+    return lambda t: t.as_subclass(_DeviceTensor)
 
 
-def _make_params(dtypes):
+def _make_params(dtypes, to_device):
     torch.manual_seed(0)
-    return [torch.randn(4, 3).to(dtype).as_subclass(_DeviceTensor).requires_grad_() for dtype in dtypes]
+    return [to_device(torch.randn(4, 3).to(dtype)).requires_grad_() for dtype in dtypes]
 
 
 def _build(params, offload_fraction, param_update_in_fp32, overlap):
@@ -89,10 +92,10 @@ class TestRefreshOffloadedCopies:
     @pytest.mark.parametrize("param_update_in_fp32", [True, False])
     @pytest.mark.parametrize("offload_fraction", [1.0, 0.5, 0.0])
     def test_loaded_weights_survive_step(
-        self, device_standins, offload_fraction, param_update_in_fp32, overlap
+        self, to_device, offload_fraction, param_update_in_fp32, overlap
     ):
         dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
-        params = _make_params(dtypes)
+        params = _make_params(dtypes, to_device)
         opt = _build(params, offload_fraction, param_update_in_fp32, overlap)
         offloaded = set(map(id, opt.gpu_params_map_cpu_copy))
         expected_offloaded = {1.0: 4, 0.5: 2, 0.0: 0}[offload_fraction]
@@ -105,23 +108,24 @@ class TestRefreshOffloadedCopies:
         loaded = [torch.randn(p.shape).to(p.dtype) for p in params]
         with torch.no_grad():
             for p, w in zip(params, loaded):
-                p.copy_(w)
+                p.copy_(to_device(w))
         opt.update_fp32_param_by_new_param()
 
         grads = [torch.randn(p.shape).to(p.dtype) for p in params]
         for p, g in zip(params, grads):
-            p.grad = g.clone().as_subclass(_DeviceTensor)
+            p.grad = to_device(g.clone())
         opt.step()
 
         for i, (p, w, g) in enumerate(zip(params, loaded, grads)):
             expected = (w.float() - LR * g.float()).to(p.dtype)
             tol = dict(rtol=0, atol=0) if p.dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+            actual = p.detach().as_subclass(torch.Tensor).cpu()
             torch.testing.assert_close(
-                p.detach().as_subclass(torch.Tensor), expected, **tol, msg=lambda m: f"param {i} ({p.dtype}): {m}"
+                actual, expected, **tol, msg=lambda m: f"param {i} ({p.dtype}): {m}"
             )
 
-    def test_refresh_reaches_every_offloaded_copy(self, device_standins):
-        params = _make_params([torch.float32, torch.bfloat16])
+    def test_refresh_reaches_every_offloaded_copy(self, to_device):
+        params = _make_params([torch.float32, torch.bfloat16], to_device)
         opt = _build(params, 1.0, True, False)
         with torch.no_grad():
             for p in params:
