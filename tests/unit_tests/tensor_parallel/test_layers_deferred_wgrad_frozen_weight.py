@@ -160,7 +160,9 @@ class TestMTPHeadWithDeferredEmbeddingWgrad:
 
     @pytest.mark.xfail(
         strict=True,
-        reason="upstream bug, not fixed here: with a live MTP head, activations are queued in "
+        reason="upstream bug, refused by config validation since patch "
+        "mtp-live-head-defer-wgrad-guard (the flag is set after validation here to show what the "
+        "guard prevents): with a live MTP head, activations are queued in "
         "forward order (MTP depths, then main) but grad outputs in backward order (main, then "
         "MTP), so the drain pairs them wrongly and silently computes a wrong head gradient",
     )
