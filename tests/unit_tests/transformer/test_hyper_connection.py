@@ -276,7 +276,7 @@ class TestFlagOffEqualsUnpatched:
             ignore=shutil.ignore_patterns("__pycache__"),
         )
         reverse = subprocess.run(
-            ["git", "apply", "-R", "-p1", patches[0]],
+            ["git", "apply", "-R", "-C0", "-p1", patches[0]],
             cwd=unpatched_root, capture_output=True, text=True,
         )
         assert reverse.returncode == 0, f"could not reverse the mHC patch: {reverse.stderr}"
