@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from megatron.core import tensor_parallel
@@ -276,3 +277,40 @@ class TestNaiveRuleIsUnsafe:
         # ... and with mHC + MTP a signal (segfault), an exception reading the freed multistream,
         # or corrupt gradients: anything but a clean run.
         assert proc.returncode != 0, f"the naive rule ran cleanly with mHC + MTP:\n{tail}"
+
+
+def _gpu_run(reclaim, steps, state=None, **overrides):
+    torch.manual_seed(0)
+    cfg = tiny_moe_mtp_config(
+        recompute_reclaim_inputs=reclaim, use_cpu_initialization=False, **RECOMPUTE, **overrides
+    )
+    model = build_gpt(cfg).cuda()
+    if state is not None:
+        model.load_state_dict(state)
+    tokens, position_ids, mask = (t.cuda() for t in causal_batch())
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+    torch.cuda.synchronize()  # surfaces an asynchronous illegal memory access here
+    return model, torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+
+
+@pytest.mark.gpu
+class TestReclaimOnGPU:  # the lead runs these on the H200
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    @pytest.mark.parametrize("mhc", [False, True], ids=["moe_mtp", "mhc_moe_mtp"])
+    def test_flag_on_equals_off_and_reports_memory(self, mhc):
+        extra = dict(enable_hyper_connections=True, num_residual_streams=4) if mhc else {}
+        off, off_now, off_peak = _gpu_run(False, 3, **extra)
+        on, on_now, on_peak = _gpu_run(True, 3, state=off.state_dict(), **extra)
+        print(f"reclaim off: allocated {off_now} peak {off_peak}; on: {on_now} peak {on_peak}")
+        g_off, g_on = _grads(off), _grads(on)
+        assert g_off.keys() == g_on.keys()
+        for name in g_off:
+            torch.testing.assert_close(g_on[name], g_off[name], rtol=1e-4, atol=1e-5, msg=name)

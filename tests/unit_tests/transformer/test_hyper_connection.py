@@ -204,6 +204,24 @@ class TestGPTWithHyperConnections:
         with pytest.raises(ValueError, match=r"MultiTokenPredictionBlock\.forward.*got None"):
             model(tokens, position_ids, mask, labels=tokens)
 
+    def test_detached_mtp_heads_take_the_multistream_without_grad_to_the_decoder(self):
+        torch.manual_seed(0)
+        model = build_gpt(mhc_config(mtp_detach_heads=True))
+        seen = {}
+
+        def layer_hook(mod, args, kwargs):
+            seen["input"] = kwargs["hidden_states"]
+
+        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
+        tokens, position_ids, mask = causal_batch()
+        loss = model(tokens, position_ids, mask, labels=tokens)
+        assert seen["input"].shape == (SEQ, BATCH, N * model.config.hidden_size)
+        assert seen["input"].grad_fn is None, "the MTP depth input must be cut from the decoder"
+        loss.mean().backward()
+        for prefix in ("decoder.", "mtp."):
+            grads = [p.grad for n, p in model.named_parameters() if n.startswith(prefix)]
+            assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), prefix
+
     def test_full_recompute_grads_equal_no_recompute(self):
         torch.manual_seed(0)
         plain = build_gpt(mhc_config())
@@ -355,7 +373,7 @@ class TestPipelineParallel:
 
 
 @pytest.mark.gpu
-class TestHyperConnectionsBF16OnGPU:
+class TestHyperConnectionsBF16OnGPU:  # the lead runs these on the H200
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
 
