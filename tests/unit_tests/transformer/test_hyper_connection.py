@@ -191,6 +191,13 @@ class TestGPTWithHyperConnections:
         missing = [n for n, p in model.named_parameters() if p.grad is None]
         assert not missing, missing
 
+    def test_sharded_state_dict_carries_the_mhc_parameters(self):
+        model = build_gpt(mhc_config())
+        mhc = {n for n, _ in model.named_parameters() if "hyper_connection" in n or "hc_head" in n}
+        assert "decoder.hc_head.hc_head_fn" in mhc and "mtp.layers.0.hc_head.hc_head_fn" in mhc
+        sharded = model.sharded_state_dict()
+        assert mhc <= set(sharded), sorted(mhc - set(sharded))
+
     def test_dropped_multistream_is_a_clear_error(self):
         model = build_gpt(mhc_config())
         original = model._postprocess
