@@ -3,7 +3,7 @@
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 # Fork-only knobs, by the names the patches give them.
-RECLAIM = {"recompute_reclaim_checkpoint_inputs": True}
+RECLAIM = {"recompute_reclaim_inputs": True}
 MHC = {"enable_hyper_connections": True, "num_residual_streams": 4}
 MTP_FREE_FORWARD = {"compute_mtp": False}
 
