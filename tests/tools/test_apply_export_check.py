@@ -291,3 +291,14 @@ def test_check_catches_stale_readme_table(fork):
     assert "| 0002 | `beta-extra` | [core] beta: add an extra constant | fork-only test fixture |" in text
     assert text.endswith(f"{END}\n\nmore\n")
     assert check(fork.layout, log=quiet) == []
+
+
+def test_apply_force_restores_hand_edits_in_materialized_tree(fork):
+    two_patch_stack(fork)
+    beta = fork.root / "megatron/core/beta.py"
+    expected = beta.read_text()
+    beta.write_text("hand edit\n")
+    (fork.root / "megatron/core/stray.py").write_text("x = 1\n")
+    apply(fork.layout, force=True, log=quiet)
+    assert beta.read_text() == expected
+    assert not (fork.root / "megatron/core/stray.py").exists()

@@ -84,10 +84,9 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
     info = staging / VERSION_FILE
     info.write_text(info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
     manifest = _hash_tree(staging)
-    if target.exists() and (target / MANIFEST).is_file():
-        if json.loads((target / MANIFEST).read_text()) == manifest:
-            shutil.rmtree(staging)
-            return False
+    if target.exists() and (target / MANIFEST).is_file() and _hash_tree(target) == manifest:
+        shutil.rmtree(staging)
+        return False
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=0, sort_keys=True))
     if target.exists():
         old = target.with_name(target.name + ".tmp-old")
