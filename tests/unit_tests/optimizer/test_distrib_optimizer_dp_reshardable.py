@@ -127,6 +127,52 @@ def _load_and_compare(rank, world_size, ckpt_dir, ref_dir):
         assert torch.all(counts == 1), f"{key} of {name} was not compared exactly once"
 
 
+def _load_entries_without_padding_field(rank, world_size):
+    model, optimizer = build_model_and_optimizer(seed=3)
+    gen = torch.Generator().manual_seed(7)
+    for dist_opt in optimizer.chained_optimizers:
+        current = dist_opt.get_parameter_state_dp_reshardable()
+        legacy, expected = {}, []
+        for gbuf_idx in range(len(dist_opt.gbuf_ranges)):
+            legacy[gbuf_idx] = {}
+            for dtype, buckets in current[gbuf_idx].items():
+                legacy[gbuf_idx][dtype] = []
+                for bucket in buckets:
+                    # As written by versions without the field: no 'padding' key on param entries.
+                    entries = []
+                    for entry in bucket:
+                        new = {
+                            k: torch.rand(v.shape, generator=gen)
+                            for k, v in entry.items()
+                            if isinstance(v, torch.Tensor) and k != "step"
+                        }
+                        expected.append({k: v.clone() for k, v in new.items()})
+                        new["step"] = entry["step"]
+                        entries.append(new)
+                    # An explicit padding entry in the middle must still be skipped.
+                    entries.insert(1, {"padding": True, "param": torch.full((5,), -1.0)})
+                    legacy[gbuf_idx][dtype].append(entries)
+        dist_opt.load_parameter_state_from_dp_reshardable(legacy)
+
+        loaded = [
+            dist_opt._get_main_param_and_optimizer_states(param)
+            for gbuf_range_maps in dist_opt.gbuf_ranges
+            for buckets in gbuf_range_maps.values()
+            for bucket in buckets
+            for param in bucket["param_map"]
+        ]
+        assert len(loaded) == len(expected)
+        for got, want in zip(loaded, expected):
+            assert set(want) == {"param", "exp_avg", "exp_avg_sq"}
+            for key, value in want.items():
+                assert torch.equal(got[key], value), key
+
+
+class TestDpReshardablePaddingField:
+    def test_entries_without_padding_field_load_as_params(self):
+        run_distributed(_load_entries_without_padding_field, 1)
+
+
 class TestDpReshardableRoundTrip:
     @pytest.fixture(scope="class")
     def saved_dp2(self, tmp_path_factory):
