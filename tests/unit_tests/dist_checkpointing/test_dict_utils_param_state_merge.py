@@ -27,7 +27,9 @@ def bucket_of(tree):
 
 class TestParamStateListMerge:
     def test_checkpoint_longer_drops_empty_padding(self):
-        ckpt = bucket_tree([{'padding': False}, {'padding': False}, {'padding': True}, {'padding': True}])
+        ckpt = bucket_tree(
+            [{'padding': False}, {'padding': False}, {'padding': True}, {'padding': True}]
+        )
         run = bucket_tree([{'exp_avg': torch.ones(2)}, {'exp_avg': torch.zeros(3)}])
         merged = bucket_of(merge(ckpt, run))
         assert len(merged) == 2
@@ -36,7 +38,9 @@ class TestParamStateListMerge:
 
     def test_run_longer_appends_empty_padding(self):
         ckpt = bucket_tree([{'step': 3}])
-        run = bucket_tree([{'exp_avg': torch.ones(2)}, {'padding': True}, {'padding': True, 'gap': []}])
+        run = bucket_tree(
+            [{'exp_avg': torch.ones(2)}, {'padding': True}, {'padding': True, 'gap': []}]
+        )
         merged = bucket_of(merge(ckpt, run))
         assert len(merged) == 3
         assert merged[0]['step'] == 3 and torch.equal(merged[0]['exp_avg'], torch.ones(2))
@@ -49,7 +53,8 @@ class TestParamStateListMerge:
         assert merged == [{'a': 1, 'b': 2}]
 
     def test_equal_lengths_unchanged(self):
-        merged = bucket_of(merge(bucket_tree([{'a': 1}, {'c': 3}]), bucket_tree([{'b': 2}, {'d': 4}])))
+        x1, x2 = bucket_tree([{'a': 1}, {'c': 3}]), bucket_tree([{'b': 2}, {'d': 4}])
+        merged = bucket_of(merge(x1, x2))
         assert merged == [{'a': 1, 'b': 2}, {'c': 3, 'd': 4}]
 
     @pytest.mark.parametrize('checkpoint_longer', [True, False])
@@ -77,7 +82,8 @@ class TestParamStateListMerge:
         ],
     )
     def test_surplus_that_is_not_empty_padding_is_rejected(self, surplus):
-        with pytest.raises(ValueError, match=r"surplus element .*'param_state', 0, torch.float32, 0, 1\)"):
+        path = r"surplus element .*'param_state', 0, torch.float32, 0, 1\)"
+        with pytest.raises(ValueError, match=path):
             merge(bucket_tree([{'a': 1}, surplus]), bucket_tree([{'b': 2}]))
 
     def test_mismatch_outside_param_state_still_fails(self):

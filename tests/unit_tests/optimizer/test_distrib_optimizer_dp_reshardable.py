@@ -90,8 +90,11 @@ def _save_dp2(rank, world_size, ckpt_dir, ref_dir):
 
 
 def _load_and_compare(rank, world_size, ckpt_dir, ref_dir):
-    model, optimizer = build_model_and_optimizer(seed=2)  # different init: values must come from disk
-    refs = [torch.load(os.path.join(ref_dir, f), weights_only=False) for f in sorted(os.listdir(ref_dir))]
+    # A different init, so that every compared value must come from the checkpoint.
+    model, optimizer = build_model_and_optimizer(seed=2)
+    refs = [
+        torch.load(os.path.join(ref_dir, f), weights_only=False) for f in sorted(os.listdir(ref_dir))
+    ]
     saved_params = refs[0]["params"]
     # Reassemble each saved optimizer-state tensor over the whole flattened parameter.
     saved_state = {}
