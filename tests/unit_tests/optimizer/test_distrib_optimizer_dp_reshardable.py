@@ -17,11 +17,13 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.optimizer import distopt_cpu
 from tests.unit_tests.test_utilities import Utils, run_distributed
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
-# Small buckets so that every rank holds several buckets with parameters split across ranks.
+# Small buckets (bucket_size applies only with overlap_grad_reduce): about twenty per-bucket
+# state lists, with most parameters split between the two DP ranks.
 BUCKET_SIZE = 1500
 
 
@@ -31,11 +33,11 @@ def build_model_and_optimizer(seed):
     Utils.initialize_model_parallel(1, 1, seed=seed)
     config = tiny_moe_mtp_config(mtp_num_layers=None, bf16=True, params_dtype=torch.bfloat16)
     ddp_config = DistributedDataParallelConfig(
-        use_distributed_optimizer=True, bucket_size=BUCKET_SIZE, overlap_grad_reduce=False
+        use_distributed_optimizer=True, bucket_size=BUCKET_SIZE, overlap_grad_reduce=True
     )
     # As in training, Float16Module casts every parameter (norms, position embeddings) to bf16.
     model = DistributedDataParallel(
-        config, ddp_config, Float16Module(config, build_gpt(config, with_mtp=False))
+        config, ddp_config, Float16Module(config, build_gpt(config, with_mtp=False).to(device()))
     )
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, bf16=True),
@@ -83,8 +85,8 @@ def _save_dp2(rank, world_size, ckpt_dir, ref_dir):
         for name, start, end, state in local_optimizer_shards(model, optimizer):
             for key, ten in state.items():
                 ten.copy_(torch.rand(ten.shape, generator=gen) + 0.5)
-                shards[(name, key, start, end)] = ten.detach().clone()
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+                shards[(name, key, start, end)] = ten.detach().cpu().clone()
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     dist_checkpointing.save(checkpoint_state(model, optimizer, is_loading=False), ckpt_dir)
     torch.save({"params": params, "shards": shards}, os.path.join(ref_dir, f"rank{rank}.pt"))
 
@@ -93,7 +95,8 @@ def _load_and_compare(rank, world_size, ckpt_dir, ref_dir):
     # A different init, so that every compared value must come from the checkpoint.
     model, optimizer = build_model_and_optimizer(seed=2)
     refs = [
-        torch.load(os.path.join(ref_dir, f), weights_only=False) for f in sorted(os.listdir(ref_dir))
+        torch.load(os.path.join(ref_dir, name), weights_only=False)
+        for name in sorted(os.listdir(ref_dir))
     ]
     saved_params = refs[0]["params"]
     # Reassemble each saved optimizer-state tensor over the whole flattened parameter.
@@ -114,18 +117,19 @@ def _load_and_compare(rank, world_size, ckpt_dir, ref_dir):
     current = dict(model.named_parameters())
     assert current.keys() == saved_params.keys()
     for name, saved in saved_params.items():
-        assert torch.equal(current[name].detach(), saved), f"model parameter {name} differs"
+        assert torch.equal(current[name].detach().cpu(), saved), f"model parameter {name} differs"
     # Count how often each saved element is compared; across all ranks it must be exactly once.
     coverage = {k: torch.zeros(v.numel()) for k, v in saved_state.items()}
     for name, start, end, state in local_optimizer_shards(model, optimizer):
         assert set(state) == {"param", "exp_avg", "exp_avg_sq"}, (name, sorted(state))
         for key, ten in state.items():
             expected = saved_state[(name, key)][start:end]
-            assert torch.equal(ten.detach().view(-1), expected), (
+            assert torch.equal(ten.detach().view(-1).cpu(), expected), (
                 f"rank {rank}: optimizer state {key} of {name}[{start}:{end}] differs"
             )
             coverage[(name, key)][start:end] += 1
     for (name, key), counts in coverage.items():
+        counts = counts.to(device())  # NCCL reduces only CUDA tensors
         torch.distributed.all_reduce(counts)
         assert torch.all(counts == 1), f"{key} of {name} was not compared exactly once"
 
@@ -168,7 +172,7 @@ def _load_entries_without_padding_field(rank, world_size):
         for got, want in zip(loaded, expected):
             assert set(want) == {"param", "exp_avg", "exp_avg_sq"}
             for key, value in want.items():
-                assert torch.equal(got[key], value), key
+                assert torch.equal(got[key].cpu(), value), key
 
 
 class TestDpReshardablePaddingField:
