@@ -1,0 +1,108 @@
+"""`dict_utils.merge` on optimizer parameter-state lists of different lengths.
+
+A dp_reshardable checkpoint written with another DP size (or by an older version) can store a
+per-bucket list with more or fewer padding entries than the loading run builds. Such a mismatch
+is accepted only when every surplus entry is padding that carries no data, in either direction;
+anything else must still fail and name the offending element.
+"""
+
+import pytest
+import torch
+
+from megatron.core.dist_checkpointing.dict_utils import merge
+from megatron.core.dist_checkpointing.legacy_compat import is_empty_padding_entry, is_padding_entry
+from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
+
+BUCKET = ('optimizer', 'param_state', 0, torch.float32, 0)
+
+
+def bucket_tree(entries):
+    """The nesting the distributed optimizer uses: param_state[gbuf][dtype][bucket] = entries."""
+    return {'optimizer': {'param_state': {0: {torch.float32: [entries]}}}}
+
+
+def bucket_of(tree):
+    return tree['optimizer']['param_state'][0][torch.float32][0]
+
+
+class TestParamStateListMerge:
+    def test_checkpoint_longer_drops_empty_padding(self):
+        ckpt = bucket_tree(
+            [{'padding': False}, {'padding': False}, {'padding': True}, {'padding': True}]
+        )
+        run = bucket_tree([{'exp_avg': torch.ones(2)}, {'exp_avg': torch.zeros(3)}])
+        merged = bucket_of(merge(ckpt, run))
+        assert len(merged) == 2
+        assert merged[0]['padding'] is False and torch.equal(merged[0]['exp_avg'], torch.ones(2))
+        assert merged[1]['padding'] is False and torch.equal(merged[1]['exp_avg'], torch.zeros(3))
+
+    def test_run_longer_appends_empty_padding(self):
+        ckpt = bucket_tree([{'step': 3}])
+        run = bucket_tree(
+            [{'exp_avg': torch.ones(2)}, {'padding': True}, {'padding': True, 'gap': []}]
+        )
+        merged = bucket_of(merge(ckpt, run))
+        assert len(merged) == 3
+        assert merged[0]['step'] == 3 and torch.equal(merged[0]['exp_avg'], torch.ones(2))
+        assert merged[1] == {'padding': True}
+        assert merged[2]['padding'] is True
+
+    def test_empty_tensor_in_padding_is_no_data(self):
+        ckpt = bucket_tree([{'a': 1}, {'padding': True, 'exp_avg': torch.empty(0)}])
+        merged = bucket_of(merge(ckpt, bucket_tree([{'b': 2}])))
+        assert merged == [{'a': 1, 'b': 2}]
+
+    def test_equal_lengths_unchanged(self):
+        x1, x2 = bucket_tree([{'a': 1}, {'c': 3}]), bucket_tree([{'b': 2}, {'d': 4}])
+        merged = bucket_of(merge(x1, x2))
+        assert merged == [{'a': 1, 'b': 2}, {'c': 3, 'd': 4}]
+
+    @pytest.mark.parametrize('checkpoint_longer', [True, False])
+    def test_surplus_with_data_is_rejected_with_path(self, checkpoint_longer):
+        short = [{'padding': False}]
+        long = [{'padding': False}, {'padding': True}, {'padding': True, 'exp_avg': torch.ones(4)}]
+        x1, x2 = (long, short) if checkpoint_longer else (short, long)
+        tree1, tree2 = bucket_tree(x1), bucket_tree(x2)
+        with pytest.raises(ValueError) as err:
+            merge(tree1, tree2)
+        msg = str(err.value)
+        assert str(BUCKET + (2,)) in msg
+        assert ('first' if checkpoint_longer else 'second') in msg
+        assert 'exp_avg' in msg
+        assert len(bucket_of(tree1)) == len(x1), "a failed merge must not modify its input"
+
+    @pytest.mark.parametrize(
+        'surplus',
+        [
+            {},  # no padding field: a parameter entry, not padding
+            {'padding': False},
+            {'padding': True, 'step': 5},
+            {'padding': 'yes'},
+            [],
+        ],
+    )
+    def test_surplus_that_is_not_empty_padding_is_rejected(self, surplus):
+        path = r"surplus element .*'param_state', 0, torch.float32, 0, 1\)"
+        with pytest.raises(ValueError, match=path):
+            merge(bucket_tree([{'a': 1}, surplus]), bucket_tree([{'b': 2}]))
+
+    def test_mismatch_outside_param_state_still_fails(self):
+        with pytest.raises(ValueError, match='Cannot merge two lists with different lengths'):
+            merge({'optimizer': {'state': [{'padding': True}, {}]}}, {'optimizer': {'state': [{}]}})
+        with pytest.raises(ValueError, match='Cannot merge two lists with different lengths'):
+            merge({'model': [1, {'padding': True}]}, {'model': [1]})
+
+
+class TestPaddingEntryPredicates:
+    def test_missing_padding_field_is_not_padding(self):
+        assert not is_padding_entry({})
+        assert not is_padding_entry({'exp_avg': torch.ones(1)})
+        assert not is_empty_padding_entry({})
+
+    def test_padding_flags(self):
+        assert is_padding_entry({'padding': True})
+        assert is_padding_entry({'padding': LocalNonpersistentObject(True)})
+        assert not is_padding_entry({'padding': LocalNonpersistentObject(False)})
+        assert not is_padding_entry({'padding': 1})
+        assert is_empty_padding_entry({'padding': True, 'x': None, 'y': {}})
+        assert not is_empty_padding_entry({'padding': True, 'param': torch.zeros(1)})
