@@ -67,3 +67,88 @@ def replace_line(old_text, new_text):
 
 def append(extra):
     return lambda text: text + extra
+
+
+# ---------------------------------------------------------------- a fork checkout pinned to a git upstream
+
+UPSTREAM_FILES = {
+    "megatron/core/package_info.py": "MAJOR = 0\nMINOR = 42\nPATCH = 1\nPRE_RELEASE = ''\n__version__ = '0.42.1'\n",
+    "megatron/core/__init__.py": "",
+    "megatron/core/alpha.py": numbered("alpha"),
+    "megatron/core/beta.py": numbered("beta"),
+    "megatron/core/gamma.py": numbered("gamma"),
+    "megatron/core/delta.py": numbered("delta"),
+}
+
+
+class Fork:
+    def __init__(self, root: Path, upstream: Path):
+        from tools.rebase.paths import Layout
+
+        self.root, self.upstream = root, upstream
+        self.layout = Layout(root)
+
+    @property
+    def work(self) -> Path:
+        return self.layout.work
+
+    def upstream_commit(self, edits, message, tag=None):
+        sha = commit(self.upstream, edits, message)
+        if tag:
+            sh("git", "tag", "-f", tag, cwd=self.upstream)
+        return sha
+
+    def add_patch(self, name, edits, subject=None, body="Why it exists.", tests="tests/test_dummy.py::test_ok"):
+        """Commit one patch in the work repo (apply first, export after: see ``stack``)."""
+        commit(self.work, edits, patch_msg(name, subject, body, tests))
+
+    def stack(self, patches):
+        from tools.rebase.workrepo import apply, export
+
+        apply(self.layout, log=quiet)
+        for args in patches:
+            self.add_patch(*args)
+        export(self.layout, log=quiet)
+
+    def snapshot(self):
+        """Everything a bump may touch, for exact before/after comparisons."""
+        files = {}
+        for path in sorted(self.root.rglob("*")):
+            rel = path.relative_to(self.root).as_posix()
+            if rel.startswith((".rebase/", "megatron/")) or not path.is_file():
+                continue
+            files[rel] = path.read_bytes()
+        for extra in (".rebase/state.json",):
+            p = self.root / extra
+            files[extra] = p.read_bytes() if p.exists() else None
+        work = {
+            "refs": sh("git", "for-each-ref", "--format=%(refname) %(objectname)", cwd=self.work),
+            "head": sh("git", "symbolic-ref", "-q", "HEAD", cwd=self.work, check=False),
+            "sha": sh("git", "rev-parse", "HEAD", cwd=self.work),
+            "status": sh("git", "status", "--porcelain", "--untracked-files=all", cwd=self.work),
+            "config": (self.work / ".git" / "config").read_bytes(),
+        }
+        return files, work
+
+    def patch_files(self):
+        return {p.name: p.read_bytes() for p in sorted(self.layout.patches.glob("*")) if p.is_file()}
+
+
+def quiet(*_a, **_k):
+    pass
+
+
+def make_fork(tmp_path: Path, name="fork") -> Fork:
+    upstream = tmp_path / "upstream"
+    if not upstream.exists():
+        init(upstream, UPSTREAM_FILES, "upstream v1")
+        sh("git", "tag", "v1", cwd=upstream)
+    sha = sh("git", "rev-parse", "v1", cwd=upstream).strip()
+    root = tmp_path / name
+    (root / "patches").mkdir(parents=True)
+    (root / "patches" / "series").write_text("# test series\n")
+    (root / "upstream.toml").write_text(
+        f'[upstream]\nkind = "git"\nurl = "{upstream}"\ncommit = "{sha}"\nref = "v1"\n')
+    (root / "tests").mkdir()
+    (root / "tests" / "test_dummy.py").write_text("def test_ok():\n    assert True\n")
+    return Fork(root, upstream)
