@@ -16,6 +16,7 @@ from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.check import check
 from tools.rebase.errors import RebaseError
 from tools.rebase.pin import load_pin
+from tools.rebase.workrepo import apply
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A, B, G, D = ("megatron/core/alpha.py", "megatron/core/beta.py", "megatron/core/gamma.py",
@@ -78,7 +79,10 @@ def test_clean_bump_updates_pin_patches_and_report(tmp_path, cache):
     md = fork.layout.report_md.read_text()
     assert f"at `{v2}`" in md and "upstream: fix gamma 20 and touch delta" in md
     assert not journal.journal_path(fork.layout).exists()
-    # the materialized tree is the new stack on v2
+    # megatron/ is left to apply, which materializes the new stack on v2 without rebuilding it
+    lines = []
+    apply(fork.layout, log=lines.append)
+    assert lines[0].startswith("up to date: 3 patches")
     alpha = (fork.root / A).read_text()
     assert "alpha line 10 fork" in alpha and "alpha line 12 upstream" in alpha
 
@@ -229,52 +233,69 @@ def test_conflicting_patch_already_upstream_is_absorbed_without_stopping(tmp_pat
 
 KILL_SCRIPT = """
 import os, signal, sys
-sys.path.insert(0, {repo!r})
 from pathlib import Path
+sys.path.insert(0, {repo!r})
+os.environ["BUMP_PID"] = str(os.getpid())
 from tools.rebase.paths import Layout
 from tools.rebase.bump import bump
 def hook(point, **info):
-    if point == {point!r} and info.get("index", 0) == {index}:
+    if point == {point!r}:
         os.kill(os.getpid(), signal.SIGKILL)
 bump(Layout(Path({root!r})), {spec!r}, log=lambda *a: None, hook=hook,
      test_runner=lambda l, n, ids: {{i: "passed" for i in ids}})
 """
 
+# Installed in the work repo: kills git (mid `git rebase`) and the bump after the n-th replayed commit.
+GIT_KILL_HOOK = """#!/bin/sh
+n=$(cat "$KILL_COUNT" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$KILL_COUNT"
+if [ "$n" -eq "$KILL_AFTER" ]; then kill -9 "$BUMP_PID" "$PPID"; sleep 5; fi
+"""
 
-def _killed_bump(fork, cache, point, index=0):
-    script = KILL_SCRIPT.format(repo=str(REPO_ROOT), point=point, index=index, root=str(fork.root),
+
+def _killed_bump(fork, cache, point):
+    """Run a bump in a subprocess and SIGKILL it at ``point``: a python hook point, or
+    ``git:N`` = inside `git rebase`, right after it committed the N-th patch."""
+    env = dict(os.environ, FORK_REBASE_CACHE=str(cache))
+    hook_file = fork.work / ".git" / "hooks" / "post-commit"
+    if point.startswith("git:"):
+        hook_file.parent.mkdir(exist_ok=True)
+        hook_file.write_text(GIT_KILL_HOOK)
+        hook_file.chmod(0o755)
+        env.update(KILL_AFTER=point[4:], KILL_COUNT=str(fork.root.parent / "kill-count"))
+    script = KILL_SCRIPT.format(repo=str(REPO_ROOT), point=point, root=str(fork.root),
                                 spec=f"git:{fork.upstream}@v2")
-    proc = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, FORK_REBASE_CACHE=str(cache)),
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    hook_file.unlink(missing_ok=True)
     assert proc.returncode == -9, proc.stderr
     assert journal.journal_path(fork.layout).exists()
 
 
-@pytest.mark.parametrize("point,index", [("after-backup", 0), ("after-cherry-pick", 1), ("after-commit", 2),
-                                          ("after-pin", 0), ("after-export", 0)])
-def test_killed_bump_continues_to_the_same_result(tmp_path, cache, point, index):
+@pytest.mark.parametrize("point", ["after-backup", "git:2", "after-rebase", "after-pin", "after-export"])
+def test_killed_bump_continues_to_the_same_result(tmp_path, cache, point):
     ref = make_fork(tmp_path, name="reference")
     ref.stack(STACK)
     upstream_v2(ref)
     bump(ref.layout, f"git:{ref.upstream}@v2", log=quiet, test_runner=no_runner)
     fork = make_fork(tmp_path)
     fork.stack(STACK)
-    _killed_bump(fork, cache, point, index)
+    _killed_bump(fork, cache, point)
+    if point == "git:2":
+        assert (fork.work / ".git" / "rebase-merge").is_dir()  # really killed inside git
     bump_continue(fork.layout, log=quiet, test_runner=no_runner)
     assert fork.patch_files() == ref.patch_files()
     assert fork.layout.pin.read_bytes() == ref.layout.pin.read_bytes()
-    assert json.loads(fork.layout.report_json.read_text())["counts"] == json.loads(
-        ref.layout.report_json.read_text())["counts"]
+    assert json.loads(fork.layout.report_json.read_text())["mapping"] == json.loads(
+        ref.layout.report_json.read_text())["mapping"]
     assert not journal.journal_path(fork.layout).exists()
 
 
-@pytest.mark.parametrize("point,index", [("after-cherry-pick", 2), ("after-export", 0)])
-def test_killed_bump_aborts_to_the_exact_previous_state(tmp_path, cache, point, index):
+@pytest.mark.parametrize("point", ["git:1", "after-export"])
+def test_killed_bump_aborts_to_the_exact_previous_state(tmp_path, cache, point):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork)
     before = fork.snapshot()
-    _killed_bump(fork, cache, point, index)
+    _killed_bump(fork, cache, point)
     proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "bump", "--abort"],
                           cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_CACHE=str(cache)),
                           capture_output=True, text=True)

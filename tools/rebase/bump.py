@@ -81,10 +81,6 @@ def resolve_spec(layout, spec: str) -> Pin:
     return Pin("git", url=url, commit=commit, ref="" if b == commit else b)
 
 
-def _author_date(work: Path, commit: str) -> str:
-    return git("show", "-s", "--date=raw", "--format=%ad", commit, cwd=work).strip()
-
-
 def _unmerged(work: Path) -> list:
     out = git("diff", "--name-only", "--diff-filter=U", cwd=work)
     return sorted(set(out.split()))
@@ -106,9 +102,42 @@ def _staged_changes(work: Path) -> bool:
     return git_proc("diff", "--cached", "--quiet", cwd=work).returncode != 0
 
 
-def _commit_pick(work: Path, original: str) -> str:
-    env = {"GIT_COMMITTER_DATE": _author_date(work, original)}
-    git("commit", "-q", "--no-verify", "--allow-empty-message", "-C", original, cwd=work, env=env)
+def _commit_pick(work: Path, original: str, date: str) -> str:
+    """Commit the staged result as the replay of ``original`` (committer date = author date, so
+    the id is the one ``apply`` builds from the exported patch)."""
+    git("commit", "-q", "--no-verify", "--allow-empty-message", "-C", original, cwd=work,
+        env={"GIT_COMMITTER_DATE": date})
+    return git("rev-parse", "HEAD", cwd=work).strip()
+
+
+def _describe(work: Path, base: str, tip: str):
+    """``[(commit, Patch-Name or short id, raw author date)]`` of base..tip, in one git call."""
+    from tools.rebase.series import parse_trailers
+
+    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%ad%x00%B%x01", f"{base}..{tip}", cwd=work)
+    rows = []
+    for chunk in out.split("\x01"):
+        chunk = chunk.strip("\n")
+        if not chunk:
+            continue
+        sha, date, message = chunk.split("\x00", 2)
+        names = parse_trailers(message).get("Patch-Name", [])
+        rows.append((sha, names[0] if names else sha[:12], date))
+    return rows
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _head(work: Path) -> str:
+    """HEAD's commit id, read without a git process when HEAD is detached (as during replay)."""
+    text = (work / ".git" / "HEAD").read_text().strip()
+    if len(text) == 40 and all(c in "0123456789abcdef" for c in text):
+        return text
     return git("rev-parse", "HEAD", cwd=work).strip()
 
 
@@ -122,6 +151,73 @@ def _reset_to(work: Path, commit: str) -> None:
 
 def _base_label(pin: Pin) -> str:
     return f"{pin.package} {pin.version}" if pin.kind == "pypi" else f"{pin.url}@{(pin.ref or pin.commit[:12])}"
+
+
+def _ensure_applied(layout) -> None:
+    """Make the work repo hold exactly patches/ on the pin (cheap when it already does)."""
+    from tools.rebase.series import load_stack
+    from tools.rebase.state import current_digest, read_state
+    from tools.rebase.workrepo import apply, guard_work_repo
+
+    state = read_state(layout)
+    if (layout.work / ".git").exists() and state.get("tip"):
+        series, patches = load_stack(layout)
+        if state.get("digest") == current_digest(layout, load_pin(layout.pin), series, patches):
+            guard_work_repo(layout, state)  # clean, and HEAD is the stack last applied/exported
+            return
+    apply(layout, log=lambda *_: None)
+
+
+_MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+
+
+def _fast_export(work: Path, base: str, tip: str):
+    """``stack.export_range`` in two git calls (one format-patch stream, split per commit).
+
+    Returns None (caller falls back to ``export_range``, which also explains any problem) unless
+    every commit has a distinct valid Patch-Name and the stream splits into one file per commit.
+    """
+    from tools.rebase.series import SLUG
+    from tools.rebase.stack import FORMAT_PATCH_FLAGS
+
+    described = _describe(work, base, tip)
+    names = [n for _, n, _ in described]
+    if any(not SLUG.match(n) or len(n) == 12 and n == c[:12] for c, n, _ in described) or len(set(names)) != len(names):
+        return None
+    stream = git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=work, binary=True)
+    parts = stream.split(_MBOX_FROM)
+    if parts[0] != b"" or len(parts) - 1 != len(described):
+        return None
+    out = []
+    bodies = parts[1:]
+    for number, (name, body) in enumerate(zip(names, bodies), start=1):
+        if number < len(bodies):  # the stream separates messages with one blank line
+            if not body.endswith(b"\n\n"):
+                return None
+            body = body[:-1]
+        data = _MBOX_FROM + body
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        out.append((f"{number:04d}-{name}.patch", data))
+    return out
+
+
+def _export(layout, base: str, tip: str) -> list:
+    """Write patches/ (and the tool state) for base..tip; ``megatron/`` is left to ``apply``."""
+    from tools.rebase.series import load_stack, read_series, render_series
+    from tools.rebase.stack import export_range, write_patch_dir
+    from tools.rebase.state import current_digest, write_state
+    from tools.rebase.workrepo import SERIES_HEADER, stamp_version
+
+    files = _fast_export(layout.work, base, tip) or export_range(layout.work, base, tip)
+    old_series = read_series(layout.series) if layout.series.is_file() else None
+    write_patch_dir(layout.patches, files, render_series([n for n, _ in files], old_series, header=SERIES_HEADER))
+    series, patches = load_stack(layout)
+    pin = load_pin(layout.pin)
+    digest = current_digest(layout, pin, series, patches)
+    version = stamp_version(layout, layout.work, digest, len(patches))
+    write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
+    return patches
 
 
 # ---------------------------------------------------------------- the bump
@@ -141,8 +237,6 @@ class Bump:
         jr.save(self.layout, self.j)
 
     def start(self, spec: str):
-        from tools.rebase.workrepo import apply
-
         layout = self.layout
         existing = jr.load(layout)
         if existing:
@@ -154,16 +248,18 @@ class Bump:
         new_pin = resolve_spec(layout, spec)
         if new_pin == old_pin:
             raise RebaseError(f"the stack is already on {new_pin.display}; nothing to bump")
-        apply(layout, log=lambda *_: None)  # work repo == patches/ (refuses unexported work)
+        _ensure_applied(layout)  # work repo == patches/ (refuses unexported work)
         work = self.work
         old_base = import_base(work, layout.cache, old_pin)
         old_tip = git("rev-parse", "HEAD", cwd=work).strip()
-        commits = git("rev-list", "--reverse", f"{old_base}..{old_tip}", cwd=work).split()
-        names = [_patch_name(work, c) for c in commits]
+        described = _describe(work, old_base, old_tip)
+        commits = [c for c, _, _ in described]
+        names = [n for _, n, _ in described]
         self.j = jr.begin(layout, {
             "onto": spec, "phase": "replaying",
             "old_pin": old_pin.to_toml(), "new_pin": new_pin.to_toml(),
             "old_base": old_base, "old_tip": old_tip, "commits": commits, "names": names,
+            "dates": [d for _, _, d in described],
             "next": 0, "tip": None, "new_base": None, "outcomes": [], "stopped": None,
             "materialized": False, "tests": {},
         })
@@ -174,7 +270,7 @@ class Bump:
         self._save()
         rr.enable(work)
         loaded = rr.import_resolutions(layout.resolutions, work)
-        git("checkout", "-q", "-f", "--detach", new_base, cwd=work)
+        # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))
         return self._run()
@@ -193,7 +289,6 @@ class Bump:
             self._save()
             rr.enable(work)
             rr.import_resolutions(self.layout.resolutions, work)
-            git("checkout", "-q", "-f", "--detach", new_base, cwd=work)
         if phase == "stopped":
             self._continue_stopped(drop)
         elif phase == "replaying":
@@ -227,22 +322,56 @@ class Bump:
 
     # -- replay
     def _recover_replay(self):
-        """After a kill during replay: undo a half-done pick, or adopt a finished one."""
+        """After a kill during replay: adopt the patches git already committed, drop a half-done one."""
         work, j = self.work, self.j
+        if (work / ".git" / "rebase-merge").is_dir():
+            git_proc("rebase", "--quit", cwd=work)
         head = git("rev-parse", "HEAD", cwd=work).strip()
-        if head != j["tip"]:
-            parent = rev_parse(work, f"{head}^")
-            idx = j["next"]
-            if parent == j["tip"] and idx < len(j["commits"]) and _patch_name(work, head) == j["names"][idx]:
-                self._record(idx, "clean", head)
-            else:
-                raise RebaseError(
-                    f"{work} HEAD ({head[:12]}) is neither the bump's tip ({j['tip'][:12]}) nor one patch "
-                    f"on top of it; run bump --abort"
-                )
+        if head != j["tip"] and not (j["next"] == 0 and head == j["old_tip"]):
+            if git_proc("merge-base", "--is-ancestor", j["tip"], head, cwd=work).returncode != 0:
+                raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
+                                  f"({j['tip'][:12]}); run bump --abort")
+            self._adopt(head, end=None)
         _reset_to(work, j["tip"])
 
-    def _record(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+    def _adopt(self, head, end):
+        """Record the commits ``tip..head`` (made by one ``git rebase``) as replayed patches.
+
+        Patches the rebase skipped between them became empty: absorbed. ``end`` is the index the
+        rebase stopped at (or ``len(commits)`` when it finished), so the skipped patches before it
+        are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
+        j = self.j
+        pos = j["next"]
+        limit = end if end is not None else len(j["commits"])
+        skipped = []
+        for sha, name, _ in (_describe(self.work, j["tip"], head) if head != j["tip"] else []):
+            k = pos
+            while k < limit and j["names"][k] != name:
+                k += 1
+            if k == limit:
+                raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
+                                  f"being replayed; run bump --abort")
+            skipped += range(pos, k)
+            self._note(k, "clean", sha)
+            pos = k + 1
+        if end is not None:
+            skipped += range(pos, end)
+            pos = end
+        for k in skipped:
+            self._note(k, "absorbed", upstream="", how="empty after replay")
+        j["outcomes"].sort(key=lambda o: o["index"])
+        j["next"] = pos
+        self._save()
+        for k in skipped:  # naming the absorbing commit needs the outcome list to be saved first
+            up, how = self._name_absorber(k, "empty after replay")
+            for o in j["outcomes"]:
+                if o["index"] == k:
+                    o.update(upstream=up, how=how)
+            self.log(f"  {j['names'][k]}: absorbed upstream ({how})")
+        if skipped:
+            self._save()
+
+    def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
         j["outcomes"].append({
             "index": idx, "name": j["names"][idx], "old": j["commits"][idx], "new": new_commit,
@@ -250,6 +379,10 @@ class Bump:
         })
         if new_commit:
             j["tip"] = new_commit
+
+    def _record(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+        j = self.j
+        self._note(idx, outcome, new_commit, upstream, how, note)
         j["next"] = idx + 1
         j["stopped"] = None
         j["phase"] = "replaying"
@@ -294,25 +427,37 @@ class Bump:
         j = self.j
         work = self.work
         while j["phase"] == "replaying" and j["next"] < len(j["commits"]):
-            idx = j["next"]
+            # Replay everything left with one `git rebase` (3-way merges, rerere on, committer
+            # date = author date so ids are reproducible); it stops at the first conflict.
+            first = j["next"]
+            upstream = j["commits"][first - 1] if first else j["old_base"]
+            proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j["tip"], "--reapply-cherry-picks",
+                            "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",
+                            "--no-update-refs", upstream, j["old_tip"], cwd=work)
+            self.hook("after-rebase", index=first)
+            idx = None
+            if (work / ".git" / "rebase-merge").is_dir():
+                stopped = _read(work / ".git" / "REBASE_HEAD")
+                idx = next((k for k in range(first, len(j["commits"]))
+                            if stopped and j["commits"][k].startswith(stopped)), None)
+                git_proc("rebase", "--quit", cwd=work)
+                if idx is None:
+                    _reset_to(work, _head(work))
+                    raise RebaseError(f"git rebase stopped without naming the patch:\n"
+                                      f"{(proc.stdout + proc.stderr).strip()}")
+            elif proc.returncode != 0:
+                _reset_to(work, j["tip"])
+                raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
+            self._adopt(_head(work), end=idx if idx is not None else len(j["commits"]))
+            if idx is None:
+                break
             commit = j["commits"][idx]
-            proc = git_proc(*rr.RERERE_CONFIG, "cherry-pick", "--no-commit", commit, cwd=work)
-            self.hook("after-cherry-pick", index=idx)
-            if proc.returncode == 0:
-                if _staged_changes(work):
-                    new = _commit_pick(work, commit)
-                    self.hook("after-commit", index=idx)
-                    self._record(idx, "clean", new)
-                else:
-                    _reset_to(work, j["tip"])
-                    up, how = self._name_absorber(idx, "empty after replay")
-                    self._record(idx, "absorbed", upstream=up, how=how)
-                    self.log(f"  {j['names'][idx]}: absorbed upstream ({how})")
-                continue
             unmerged = _unmerged(work)
             if not unmerged and not _marker_files(work):
+                # Nothing left to merge: rerere resolved every conflict from a recorded resolution
+                # (or the result is empty: already in the new base).
                 if _staged_changes(work):
-                    new = _commit_pick(work, commit)
+                    new = _commit_pick(work, commit, j["dates"][idx])
                     self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
                     self.log(f"  {j['names'][idx]}: conflict resolved by a recorded resolution")
                 else:
@@ -320,7 +465,7 @@ class Bump:
                     up, how = self._name_absorber(idx, "empty after the recorded resolution")
                     self._record(idx, "absorbed", upstream=up, how=how)
                 continue
-            if "conflict" not in (proc.stdout + proc.stderr).lower() and not unmerged:
+            if not unmerged:
                 _reset_to(work, j["tip"])
                 raise RebaseError(f"replaying {j['names'][idx]} failed:\n{(proc.stdout + proc.stderr).strip()}")
             ids = rr.conflict_ids(work)
@@ -412,7 +557,7 @@ class Bump:
         rr.record(work)
         self.hook("after-record", index=idx)
         if _staged_changes(work):
-            new = _commit_pick(work, j["commits"][idx])
+            new = _commit_pick(work, j["commits"][idx], j["dates"][idx])
             rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
@@ -435,8 +580,7 @@ class Bump:
             self._save()
             materialize(work, self.layout.package, "0+bump.testing", force=True)
         failures, results = [], {}
-        tip_commits = git("rev-list", "--reverse", f"{j['new_base']}..{j['tip']}", cwd=work).split()
-        by_name = {_patch_name(work, c): c for c in tip_commits}
+        by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
         for o in todo:
             commit = by_name.get(o["name"])
             if not commit:
@@ -457,24 +601,21 @@ class Bump:
         self._save()
 
     def _finish(self):
-        from tools.rebase.series import load_stack
-        from tools.rebase.workrepo import export
-
         j, layout, work = self.j, self.layout, self.work
         new_pin = _pin_from_toml(j["new_pin"])
         old_pin = _pin_from_toml(j["old_pin"])
         layout.pin.write_text(j["new_pin"])
         self.hook("after-pin")
         git("checkout", "-q", "-f", "-B", "patched", j["tip"], cwd=work)
-        export(layout, log=lambda *_: None)
+        patches = _export(layout, j["new_base"], j["tip"])
         self.hook("after-export")
-        _, patches = load_stack(layout)
         rr.prune(layout.resolutions, {p.name for p in patches})
-        git("update-ref", LAST_OLD_REF, j["old_tip"], cwd=work)
-        git("update-ref", LAST_NEW_REF, j["tip"], cwd=work)
+        git("update-ref", "--stdin", cwd=work,
+            input=f"update {LAST_OLD_REF} {j['old_tip']}\nupdate {LAST_NEW_REF} {j['tip']}\n")
         tests = {}
-        tip_commits = git("rev-list", "--reverse", f"{j['new_base']}..{j['tip']}", cwd=work).split()
-        by_name = {_patch_name(work, c): c for c in tip_commits}
+        by_name = {}
+        if j.get("tests"):
+            by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
         for name, outcome in j.get("tests", {}).items():
             if name in by_name and outcome:
                 tests[by_name[name]] = outcome
@@ -501,7 +642,8 @@ class Bump:
         jr.finish(layout)
         counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
         self.log(f"bump done: {_base_label(old_pin)} -> {_base_label(new_pin)}; {counts}; "
-                 f"wrote {layout.report_md.name} and {layout.report_json.name}")
+                 f"wrote {layout.report_md.name} and {layout.report_json.name}; "
+                 f"run `python -m tools.rebase apply` to materialize megatron/")
         return data
 
 

@@ -63,10 +63,8 @@ def load(layout):
 def save(layout, data: dict) -> None:
     path = journal_path(layout)
     tmp = path.with_name("journal.json.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    # Written whole, then renamed: a kill leaves either the old or the new journal, never a mix.
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 

@@ -25,11 +25,10 @@ def utc(ts: int) -> str:
 
 def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
     """Describe a base: from its pin when it has one, else from the commit itself."""
-    when = int(git("show", "-s", "--format=%ct", commit, cwd=repo).strip())
-    info = {"commit": commit, "date": utc(when)}
+    when, _, subject = git("show", "-s", "--format=%ct %s", commit, cwd=repo).strip().partition(" ")
+    info = {"commit": commit, "date": utc(int(when))}
     if pin is None:
-        info.update(kind="commit", label=commit[:12],
-                    subject=git("show", "-s", "--format=%s", commit, cwd=repo).strip())
+        info.update(kind="commit", label=commit[:12], subject=subject)
     elif pin.kind == "pypi":
         info.update(kind="pypi", label=f"{pin.package} {pin.version}", package=pin.package,
                     version=pin.version, sha256=pin.sha256)
@@ -68,12 +67,14 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     [old commit], "notes": {new commit: note}}``. ``tests``: ``{new commit: {node id: outcome}}``.
     """
     repo = Path(repo)
-    resolved = []
-    for rev in (old_base, old_tip, new_base, new_tip):
-        sha = rev_parse(repo, rev)
-        if not sha:
-            raise RebaseError(f"{repo}: {rev!r} does not name a commit")
-        resolved.append(sha)
+    revs = (old_base, old_tip, new_base, new_tip)
+    proc = git_proc("rev-parse", *(f"{r}^{{commit}}" for r in revs), cwd=repo)
+    resolved = proc.stdout.split()
+    if proc.returncode != 0 or len(resolved) != 4:
+        for rev in revs:
+            if not rev_parse(repo, rev):
+                raise RebaseError(f"{repo}: {rev!r} does not name a commit")
+        raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
     old_base, old_tip, new_base, new_tip = resolved
     for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
         if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:

@@ -90,5 +90,8 @@ def forget_in_progress(work: Path) -> None:
 
 def enable(work: Path) -> None:
     """Turn rerere on in the work repo itself, so a commit the maintainer makes there records too."""
+    config = (work / ".git" / "config").read_text()
+    if "[rerere]\n\tenabled = true\n\tautoupdate = true\n" in config:
+        return
     git("config", "rerere.enabled", "true", cwd=work)
     git("config", "rerere.autoupdate", "true", cwd=work)
