@@ -126,6 +126,14 @@ def _describe(work: Path, base: str, tip: str):
     return rows
 
 
+def _to_branch(work: Path, tip: str) -> None:
+    """Put the work repo on branch ``patched`` at ``tip`` (HEAD is there already: no checkout)."""
+    if _head(work) != tip:
+        git("checkout", "-q", "-f", "--detach", tip, cwd=work)
+    git("update-ref", "refs/heads/patched", tip, cwd=work)
+    git("symbolic-ref", "HEAD", "refs/heads/patched", cwd=work)
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()
@@ -268,7 +276,6 @@ class Bump:
         self.j["new_base"] = new_base
         self.j["tip"] = new_base
         self._save()
-        rr.enable(work)
         loaded = rr.import_resolutions(layout.resolutions, work)
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
@@ -287,7 +294,6 @@ class Bump:
             new_base = import_base(work, self.layout.cache, _pin_from_toml(self.j["new_pin"]))
             self.j.update(new_base=new_base, tip=new_base)
             self._save()
-            rr.enable(work)
             rr.import_resolutions(self.layout.resolutions, work)
         if phase == "stopped":
             self._continue_stopped(drop)
@@ -475,6 +481,7 @@ class Bump:
                 self._record(idx, "absorbed", upstream=absorbed[0], how=absorbed[1])
                 self.log(f"  {j['names'][idx]}: absorbed upstream ({absorbed[1]})")
                 continue
+            rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
             j["phase"] = "stopped"
             j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids,
                             "upstream": self._upstream_touching(unmerged)}
@@ -606,7 +613,7 @@ class Bump:
         old_pin = _pin_from_toml(j["old_pin"])
         layout.pin.write_text(j["new_pin"])
         self.hook("after-pin")
-        git("checkout", "-q", "-f", "-B", "patched", j["tip"], cwd=work)
+        _to_branch(work, j["tip"])
         patches = _export(layout, j["new_base"], j["tip"])
         self.hook("after-export")
         rr.prune(layout.resolutions, {p.name for p in patches})
@@ -652,7 +659,8 @@ def report_from_record(work: Path, record: dict, tests=None) -> dict:
     upstream_range = (old_pin.commit, new_pin.commit) if old_pin.kind == new_pin.kind == "git" else None
     return build_report(work, record["old_base"], record["old_tip"], record["new_base"], record["new_tip"],
                         old_pin=old_pin, new_pin=new_pin, upstream_range=upstream_range,
-                        hints=record.get("hints"), tests=tests if tests is not None else record.get("tests"))
+                        hints=record.get("hints"), tests=tests if tests is not None else record.get("tests"),
+                        trusted=True)
 
 
 def _patch_name(work: Path, commit: str) -> str:

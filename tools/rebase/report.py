@@ -58,13 +58,15 @@ def reverse_applies(repo: Path, tree_commit: str, diff: str) -> bool:
 
 
 def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str,
-                 old_pin=None, new_pin=None, upstream_range=None, hints=None, tests=None) -> dict:
+                 old_pin=None, new_pin=None, upstream_range=None, hints=None, tests=None,
+                 trusted=False) -> dict:
     """Compare ``old_base..old_tip`` with ``new_base..new_tip`` in ``repo``.
 
     ``upstream_range``: ``(old, new)`` upstream commits whose history is in ``repo`` (git pins);
     without it, ``old_base..new_base`` is used when old_base is an ancestor of new_base.
     ``hints``: what a bump knows: ``{"absorbed": {old commit: [upstream, how]}, "dropped":
     [old commit], "notes": {new commit: note}}``. ``tests``: ``{new commit: {node id: outcome}}``.
+    ``trusted``: the ranges come from the tool itself (skip checking that bases precede tips).
     """
     repo = Path(repo)
     revs = (old_base, old_tip, new_base, new_tip)
@@ -77,13 +79,13 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
     old_base, old_tip, new_base, new_tip = resolved
     for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
-        if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
+        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
             raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
     hints = hints or {}
     old = list_range(repo, old_base, old_tip)
     new = list_range(repo, new_base, new_tip)
     rd_pairs, rd_raw = range_diff_pairs(repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
-    if upstream_range is None and old_base != new_base and git_proc(
+    if upstream_range is None and not (old_pin and new_pin) and old_base != new_base and git_proc(
             "merge-base", "--is-ancestor", old_base, new_base, cwd=repo).returncode == 0:
         upstream_range = (old_base, new_base)
     stack_files = sorted({f.path for c in old + new for f in c.files}
