@@ -301,6 +301,8 @@ def test_killed_bump_aborts_to_the_exact_previous_state(tmp_path, cache, point):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert fork.snapshot() == before
+    assert not (fork.work / ".git" / "rebase-merge").exists()
+    assert sh("git", "status", "--porcelain", cwd=fork.work) == ""
 
 
 def test_bad_specs_are_named(tmp_path, cache):

@@ -120,7 +120,7 @@ def restore(layout, data: dict) -> None:
     work = layout.work
     backup = backup_dir(layout)
     if (work / ".git").exists():
-        for args in (("cherry-pick", "--quit"), ("merge", "--quit"), ("am", "--quit"),
+        for args in (("rebase", "--quit"), ("cherry-pick", "--quit"), ("merge", "--quit"), ("am", "--quit"),
                      ("rerere", "clear"), ("reset", "-q", "--hard")):
             git_proc(*args, cwd=work)
         before = data["work_refs"]

@@ -65,8 +65,8 @@ def render_markdown(data: dict) -> str:
         out.append(line)
     out += ["", "## Per-patch detail", ""]
     for entry in data["mapping"]:
-        if entry["status"] == "identical" and not entry.get("tests"):
-            continue
+        if entry["status"] in ("identical", "renumbered") and not entry.get("tests"):
+            continue  # the mapping table says it all
         title = entry["new"][0]["subject"] if entry["new"] else entry["old"][0]["subject"]
         where = (f"new #{_nums(entry['new_numbers'])}" if entry["new"]
                  else f"old #{_nums(entry['old_numbers'])}")
@@ -79,10 +79,9 @@ def render_markdown(data: dict) -> str:
             out.append(f"Absorbing upstream commit: `{entry['upstream_commit']}`")
             out.append("")
         for side in ("old", "new"):
-            files = entry["files"][side]
-            if files:
+            for ref, number, files in zip(entry[side], entry[f"{side}_numbers"], entry["files"][side]):
                 listed = ", ".join(f"`{p}` (+{a}/-{r})" for p, a, r in files)
-                out.append(f"- Files {side}: {listed}")
+                out.append(f"- {side} #{number} {_cell(ref['subject'])}: {listed}")
         if entry.get("interdiff"):
             out += ["", "Interdiff of the changed lines (`-`/`+` in column 1: line left/entered the patch):",
                     "", "```diff", entry["interdiff"], "```"]

@@ -111,6 +111,9 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
 
     notes = hints.get("notes", {})
+    old_info = base_info(repo, old_base, old_pin, upstream_range[0] if upstream_range and old_pin else "")
+    new_info = base_info(repo, new_base, new_pin, upstream_range[1] if upstream_range and new_pin else "")
+    new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
     mapping = []
     for row in rows:
@@ -121,13 +124,15 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             "old_numbers": [c.number for c in row.old],
             "new_numbers": [c.number for c in row.new],
             "note": "; ".join(row.notes + [notes[c.commit] for c in row.new if c.commit in notes]),
-            "files": {
-                "old": [[f.path, f.added, f.removed] for c in row.old for f in c.files],
-                "new": [[f.path, f.added, f.removed] for c in row.new for f in c.files],
+            "files": {  # per commit of the row, in the order of "old"/"new": [path, added, removed]
+                "old": [[[f.path, f.added, f.removed] for f in c.files] for c in row.old],
+                "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
             },
         }
         if row.upstream:
             entry["upstream_commit"] = row.upstream
+        elif row.status == "absorbed":  # no history to search (sdist): say where it went
+            entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
         if row.interdiff:
             entry["interdiff"] = row.interdiff
         results = {}
@@ -154,10 +159,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
 
     return {
         "schema": SCHEMA,
-        "old": {"base": base_info(repo, old_base, old_pin, upstream_range[0] if upstream_range and old_pin else ""),
-                "tip": old_tip, "count": len(old)},
-        "new": {"base": base_info(repo, new_base, new_pin, upstream_range[1] if upstream_range and new_pin else ""),
-                "tip": new_tip, "count": len(new)},
+        "old": {"base": old_info, "tip": old_tip, "count": len(old)},
+        "new": {"base": new_info, "tip": new_tip, "count": len(new)},
         "counts": counts,
         "mapping": mapping,
         "upstream_churn": churn,
