@@ -315,3 +315,33 @@ def test_bad_specs_are_named(tmp_path, cache):
     with pytest.raises(RebaseError, match="already on"):
         bump(fork.layout, f"git:{fork.upstream}@v1", log=quiet)
     assert not journal.journal_path(fork.layout).exists()
+
+
+def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    before = fork.snapshot()
+    materialized = (fork.root / B).read_text()
+    with pytest.raises(Stopped):
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    text = (fork.work / B).read_text()
+    (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 broken\n"
+                               + text.split(">>>>>>>")[1].split("\n", 1)[1])
+    sh("git", "add", B, cwd=fork.work)
+    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    assert "beta line 5 broken" in (fork.root / B).read_text()  # tests ran against the bumped tree
+    bump_abort(fork.layout, log=quiet)
+    assert fork.snapshot() == before
+    assert (fork.root / B).read_text() == materialized
+
+
+def test_report_without_a_recorded_bump_says_what_to_do(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK[:1])
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "report"],
+                          cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_CACHE=str(cache)),
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "no bump recorded in this checkout" in proc.stderr and "--old REV" in proc.stderr
