@@ -345,3 +345,28 @@ def test_report_without_a_recorded_bump_says_what_to_do(tmp_path, cache):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "no bump recorded in this checkout" in proc.stderr and "--old REV" in proc.stderr
+
+
+def test_resolution_committed_by_hand_is_adopted_with_original_message_and_author(tmp_path, cache):
+    ref = make_fork(tmp_path, name="reference")
+    ref.stack(STACK)
+    upstream_v2(ref, conflict=True)
+    forks = []
+    for fork, by_hand in ((ref, False), (make_fork(tmp_path), True)):
+        if by_hand:
+            fork.stack(STACK)
+        with pytest.raises(Stopped):
+            bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+        text = (fork.work / B).read_text()
+        (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 both\n"
+                                   + text.split(">>>>>>>")[1].split("\n", 1)[1])
+        sh("git", "add", B, cwd=fork.work)
+        if by_hand:  # with their own identity, date and message
+            env = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_AUTHOR_NAME="Someone", GIT_AUTHOR_EMAIL="s@x.invalid",
+                       GIT_COMMITTER_NAME="Someone", GIT_COMMITTER_EMAIL="s@x.invalid")
+            subprocess.run(["git", "commit", "-q", "-m", "my resolution"], cwd=fork.work, env=env, check=True)
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+        forks.append(fork)
+    assert forks[1].patch_files() == forks[0].patch_files()
+    assert (forks[1].layout.resolutions / "tweak-beta").is_dir()
+    assert sh("git", "rev-parse", "HEAD", cwd=forks[1].work) == sh("git", "rev-parse", "HEAD", cwd=forks[0].work)

@@ -181,3 +181,41 @@ def test_bad_ranges_are_named(tmp_path):
         [sys.executable, "-m", "tools.rebase", "report", "--repo", str(repo), "--old", "main", "--new", "main..new",
          "--output", str(tmp_path / "x.md")], cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "--old" in proc.stderr and "BASE..TIP" in proc.stderr
+
+
+def test_absorbed_without_history_and_inside_a_bigger_upstream_commit(tmp_path):
+    """Unrelated bases (no history, like two sdists): an old patch whose change the new base already
+    has is absorbed (its reverse applies), a patch nobody has is dropped. With history, a patch taken
+    inside a bigger upstream commit (other hunks in the same file: different patch-id) is still named."""
+    repo = tmp_path / "repo"
+    files = _files()
+    b0 = init(repo, files, "release 1")
+    sh("git", "checkout", "-q", "-b", "old", cwd=repo)
+    commit(repo, {"a.py": replace_line("a line 10\n", "a line 10 taken\n")}, patch_msg("taken"))
+    commit(repo, {"b.py": replace_line("b line 10\n", "b line 10 ours only\n")}, patch_msg("ours-only"))
+    old_tip = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    # release 2 as a parentless commit: no history between the bases
+    sh("git", "checkout", "-q", "--orphan", "rel2", cwd=repo)
+    rel2 = dict(files, **{"a.py": files["a.py"].replace("a line 10\n", "a line 10 taken\n")
+                                    .replace("a line 30\n", "a line 30 elsewhere\n")})
+    b1 = commit(repo, rel2, "release 2")
+    sh("git", "checkout", "-q", "-b", "new", cwd=repo)
+    commit(repo, {"c.py": replace_line("c line 1\n", "c line 1 x\n")}, patch_msg("unrelated"))
+    new_tip = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    data = build_report(repo, b0, old_tip, b1, new_tip)
+    rows = _by_first_subject(data)
+    assert rows["taken"]["status"] == "absorbed" and "already in the new base" in rows["taken"]["note"]
+    assert "upstream_commit" not in rows["taken"]
+    assert rows["ours-only"]["status"] == "dropped"
+    assert data["upstream_churn"]["kind"] == "files"
+    assert data["upstream_churn"]["entries"] == [{"file": "a.py", "added": "2", "removed": "2"}]
+    # Same, with history: upstream takes the change together with another hunk of the same file.
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    big = commit(repo, {"a.py": lambda t: t.replace("a line 10\n", "a line 10 taken\n")
+                        .replace("a line 30\n", "a line 30 elsewhere\n")}, "upstream: big change")
+    sh("git", "checkout", "-q", "-b", "new2", cwd=repo)
+    commit(repo, {"c.py": replace_line("c line 1\n", "c line 1 x\n")}, patch_msg("unrelated"))
+    data = build_report(repo, b0, old_tip, "main", "new2")
+    row = _by_first_subject(data)["taken"]
+    assert row["status"] == "absorbed" and row["upstream_commit"] == big
+    assert "2/2 changed lines" in row["note"]

@@ -126,6 +126,38 @@ def _describe(work: Path, base: str, tip: str):
     return rows
 
 
+def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool) -> str:
+    """Rewrite ``commit`` onto ``parent`` with ``original``'s author (and message unless
+    ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
+    fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
+    name, email, date = fields.split("\x00")
+    message = git("show", "-s", "--format=%B", commit if keep_message else original, cwd=work).rstrip("\n") + "\n"
+    tree = git("rev-parse", f"{commit}^{{tree}}", cwd=work).strip()
+    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+           "GIT_COMMITTER_DATE": date}
+    new = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=work, env=env, input=message).strip()
+    git("reset", "-q", "--soft", new, cwd=work)
+    return new
+
+
+def canonical_chain(work: Path, base: str, tip: str) -> str:
+    """Make every commit of base..tip reproducible (tool committer, committer date = author date),
+    rewriting from the first one that is not (e.g. amended by hand); return the new tip."""
+    from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
+
+    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
+              f"{base}..{tip}", cwd=work)
+    rows = [line.split("\x00") for line in out.splitlines() if line]
+    parent, dirty = base, False
+    for sha, cn, ce, ad, cd in rows:
+        dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
+        if dirty:
+            parent = _recommit(work, sha, parent, sha, keep_message=True)
+        else:
+            parent = sha
+    return parent
+
+
 def _to_branch(work: Path, tip: str) -> None:
     """Put the work repo on branch ``patched`` at ``tip`` (HEAD is there already: no checkout)."""
     if _head(work) != tip:
@@ -545,9 +577,13 @@ class Bump:
             return
         head = git("rev-parse", "HEAD", cwd=work).strip()
         if head != j["tip"]:
-            if rev_parse(work, f"{head}^") == j["tip"] and _patch_name(work, head) == name and is_clean(work):
+            if rev_parse(work, f"{head}^") == j["tip"] and is_clean(work):
+                # The maintainer committed the resolution: keep its tree (and its message when it
+                # still names the patch), with the original author and a reproducible commit id.
+                keep = _patch_name(work, head) == name
+                new = _recommit(work, head, j["tip"], j["commits"][idx], keep_message=keep)
                 rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
-                self._record(idx, "resolved-manual", head, note="conflict resolved by hand")
+                self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
                 return
             raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j['tip'][:12]} with the "
                               f"resolution of {name} staged (do not commit it yourself)")
@@ -611,6 +647,10 @@ class Bump:
         j, layout, work = self.j, self.layout, self.work
         new_pin = _pin_from_toml(j["new_pin"])
         old_pin = _pin_from_toml(j["old_pin"])
+        tip = canonical_chain(work, j["new_base"], j["tip"])
+        if tip != j["tip"]:
+            j["tip"] = tip
+            self._save()
         layout.pin.write_text(j["new_pin"])
         self.hook("after-pin")
         _to_branch(work, j["tip"])
