@@ -270,22 +270,39 @@ def _killed_bump(fork, cache, point):
     assert journal.journal_path(fork.layout).exists()
 
 
+@pytest.fixture(scope="module")
+def reference_bump(tmp_path_factory):
+    """The uninterrupted bump every killed-and-continued one must reproduce."""
+    tmp = tmp_path_factory.mktemp("reference")
+    old = os.environ.get("FORK_REBASE_CACHE")
+    os.environ["FORK_REBASE_CACHE"] = str(tmp / "cache")
+    try:
+        ref = make_fork(tmp, name="reference")
+        ref.stack(STACK)
+        upstream_v2(ref)
+        data = bump(ref.layout, f"git:{ref.upstream}@v2", log=quiet, test_runner=no_runner)
+    finally:
+        os.environ.pop("FORK_REBASE_CACHE") if old is None else os.environ.update(FORK_REBASE_CACHE=old)
+    rows = [(r["status"], [c["subject"] for c in r["old"]], [c["subject"] for c in r["new"]], r["note"])
+            for r in data["mapping"]]
+    return ref.patch_files(), load_pin(ref.layout.pin).commit, rows
+
+
 @pytest.mark.parametrize("point", ["after-backup", "git:2", "after-rebase", "after-pin", "after-export"])
-def test_killed_bump_continues_to_the_same_result(tmp_path, cache, point):
-    ref = make_fork(tmp_path, name="reference")
-    ref.stack(STACK)
-    upstream_v2(ref)
-    bump(ref.layout, f"git:{ref.upstream}@v2", log=quiet, test_runner=no_runner)
+def test_killed_bump_continues_to_the_same_result(tmp_path, cache, point, reference_bump):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
+    upstream_v2(fork)
     _killed_bump(fork, cache, point)
     if point == "git:2":
         assert (fork.work / ".git" / "rebase-merge").is_dir()  # really killed inside git
-    bump_continue(fork.layout, log=quiet, test_runner=no_runner)
-    assert fork.patch_files() == ref.patch_files()
-    assert fork.layout.pin.read_bytes() == ref.layout.pin.read_bytes()
-    assert json.loads(fork.layout.report_json.read_text())["mapping"] == json.loads(
-        ref.layout.report_json.read_text())["mapping"]
+    data = bump_continue(fork.layout, log=quiet, test_runner=no_runner)
+    files, commit, rows = reference_bump
+    assert fork.patch_files() == files
+    assert load_pin(fork.layout.pin).commit == commit
+    assert [(r["status"], [c["subject"] for c in r["old"]], [c["subject"] for c in r["new"]], r["note"])
+            for r in data["mapping"]] == rows
+    assert json.loads(fork.layout.report_json.read_text()) == data
     assert not journal.journal_path(fork.layout).exists()
 
 
