@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import append, make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.check import check

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
-from tools.rebase.workrepo import apply, export
+from tools.rebase.workrepo import export
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A, B = "megatron/core/alpha.py", "megatron/core/beta.py"

@@ -1,24 +1,25 @@
-"""``bump``: move the patch stack onto a new upstream base, one patch at a time.
+"""``bump``: move the patch stack onto a new upstream base.
 
-Each patch commit is replayed with a 3-way merge (``git cherry-pick``, rerere on, recorded
-resolutions from ``patches/resolutions/`` loaded first). Per patch the outcome is one of:
+The patch commits are replayed with 3-way merges by ``git rebase`` (one run per stretch between
+stops; rerere on, with the resolutions recorded in ``patches/resolutions/`` loaded first; committer
+date = author date, so commit ids are the ones ``apply`` builds from the exported patches). Per
+patch the outcome is one of:
 
 - clean: replayed without conflict;
-- resolved (recorded): rerere resolved every conflict; the patch's ``Tests:`` are re-run later;
+- resolved (recorded): rerere resolved every conflict; the patch's ``Tests:`` are re-run;
 - resolved (by hand): the bump stopped, the maintainer resolved and ran ``bump --continue``;
 - absorbed: the change is already in the new base (empty after replay or after resolution, its
   reverse applies to the new tree, or an upstream commit between the bases carries the same
-  patch-id); the upstream commit is named when one can be found;
+  patch-id); the upstream commit is named when there is history to search;
 - dropped: the maintainer removed it on purpose (``bump --continue --drop`` at its conflict).
 
-Progress lives in the journal (``journal.py``), so a bump can be continued or aborted after being
-killed at any point. On success the pin is updated, ``patches/`` exported, and the report
-regenerated.
+Progress lives in the journal (``journal.py``) and in the work repo's own commits, so a bump can be
+continued or aborted after being killed at any point, even inside ``git rebase``. On success the
+pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` then materializes
+``megatron/``.
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
