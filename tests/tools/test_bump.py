@@ -139,7 +139,7 @@ def test_conflict_stop_summary_then_continue_records_resolution(tmp_path, cache)
     assert check(fork.layout, log=quiet) == []
 
 
-def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache):
+def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache, monkeypatch):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
@@ -158,7 +158,7 @@ def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache):
     for name, data in before_patches.items():
         (clone.layout.patches / name).write_bytes(data)
     shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
-    os.environ["FORK_REBASE_CACHE"] = str(tmp_path / "cache2")
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
     ran = []
     data = bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet,
                 test_runner=lambda l, n, ids: ran.append(n) or {i: "passed" for i in ids})
@@ -387,3 +387,22 @@ def test_resolution_committed_by_hand_is_adopted_with_original_message_and_autho
     assert forks[1].patch_files() == forks[0].patch_files()
     assert (forks[1].layout.resolutions / "tweak-beta").is_dir()
     assert sh("git", "rev-parse", "HEAD", cwd=forks[1].work) == sh("git", "rev-parse", "HEAD", cwd=forks[0].work)
+
+
+def test_report_run_tests_for_the_last_bump(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    (fork.root / "tests" / "test_dummy.py").write_text(
+        "from pathlib import Path\n\n\ndef test_ok():\n"
+        "    assert 'alpha line 12 upstream' in (Path(__file__).parents[1] / 'megatron/core/alpha.py').read_text()\n")
+    fork.stack(STACK)
+    upstream_v2(fork)
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "report", "--run-tests",
+                           "--output", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json")],
+                          cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_CACHE=str(cache)),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["tests_run"] and [r.get("tests") for r in data["mapping"] if r["new"]] == [
+        {"tests/test_dummy.py::test_ok": "passed"}] * 3
+    assert "| Tests |" in (tmp_path / "t.md").read_text()

@@ -29,7 +29,8 @@ def register(sub):
     p.add_argument("--new", help="BASE..TIP with --repo; else a commit of this checkout (default: working tree)")
     p.add_argument("--output", help="Markdown file (default REBASE_REPORT.md at the checkout root)")
     p.add_argument("--json", help="JSON twin (default REBASE_REPORT.json next to the default Markdown)")
-    p.add_argument("--run-tests", action="store_true", help="run each new patch's Tests: and add a column")
+    p.add_argument("--run-tests", action="store_true",
+                   help="run each new patch's Tests: (against this checkout's megatron/) and add a column")
     p.set_defaults(func=_cmd_report)
 
 
@@ -114,6 +115,13 @@ def report_last_bump(lay, run_tests=False):
     record = json.loads(path.read_text())
     tests = None
     if run_tests:
+        from tools.rebase.state import read_state
+        from tools.rebase.workrepo import apply
+
+        apply(lay, log=lambda *_: None)  # the tests run against megatron/ = the bumped stack
+        if read_state(lay).get("tip") != record["new_tip"]:
+            raise RebaseError("--run-tests: this checkout's stack is no longer the one the last bump made; "
+                              "compare states with --old REV [--new REV] instead")
         data = report_from_record(lay.work, record)
         tests = _tests_for(lay.work, data, lay.root)
     return report_from_record(lay.work, record, tests=tests)
@@ -169,6 +177,11 @@ def report_between_states(lay, old_rev, new_rev, run_tests=False):
     kw = dict(old_pin=old_pin, new_pin=new_pin, upstream_range=upstream_range)
     data = build_report(lay.work, old_base, old_tip, new_base, new_tip, **kw)
     if run_tests:
+        if new_rev is None:
+            from tools.rebase.workrepo import apply
+
+            apply(lay, log=lambda *_: None)  # megatron/ = the working tree's stack
+        # (with --new REV the tests run against this checkout's materialized megatron/)
         data = build_report(lay.work, old_base, old_tip, new_base, new_tip,
                             tests=_tests_for(lay.work, data, lay.root), **kw)
     return data
