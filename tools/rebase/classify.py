@@ -47,6 +47,14 @@ def range_diff_pairs(repo, old_range: str, new_range: str, creation_factor: int 
     return pairs, proc.stdout
 
 
+def _lines(diff: str, prefix: str) -> list:
+    out = []
+    for line in diff.split("\n"):
+        if line.startswith(prefix):
+            out.append(line.split(" @@")[0] if prefix == "@@" else line)
+    return out
+
+
 def _message_core(message: str) -> str:
     return "\n".join(line.rstrip() for line in message.strip().splitlines())
 
@@ -260,6 +268,11 @@ def _classify_pair(o, n, reordered: bool) -> Row:
     else:
         status = "identical"
         notes.append("same patch-id")
+    if status in ("identical", "renumbered", "reordered") and exact_same:
+        if _lines(o.diff, "@@") != _lines(n.diff, "@@"):
+            notes.append("hunk offsets moved")
+        elif _lines(o.diff, "index ") != _lines(n.diff, "index "):
+            notes.append("upstream changed the file elsewhere")
     if status != "message-only" and not message_same:
         notes.append("message edited too")
     if status not in ("reordered", "renumbered") and (reordered or moved):
