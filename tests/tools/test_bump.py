@@ -406,3 +406,21 @@ def test_report_run_tests_for_the_last_bump(tmp_path, cache):
     assert data["tests_run"] and [r.get("tests") for r in data["mapping"] if r["new"]] == [
         {"tests/test_dummy.py::test_ok": "passed"}] * 3
     assert "| Tests |" in (tmp_path / "t.md").read_text()
+
+
+def test_cli_stop_and_continue_exit_codes(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    env = dict(os.environ, FORK_REBASE_CACHE=str(cache))
+    run = lambda *args: subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "bump", *args],
+                                       cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    proc = run("--onto", f"git:{fork.upstream}@v2", "--no-tests")
+    assert proc.returncode == 1 and "bump stopped: patch 0003-tweak-beta" in proc.stderr
+    assert "error:" not in proc.stderr
+    proc = run("--abort", "--drop")
+    assert proc.returncode == 2 and "--drop goes with --continue" in proc.stderr
+    proc = run("--continue", "--drop")
+    assert proc.returncode == 0, proc.stderr
+    assert "bump done" in proc.stdout and "1 dropped" in proc.stdout
+    assert load_pin(fork.layout.pin).ref == "v2"
