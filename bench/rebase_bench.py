@@ -1,0 +1,169 @@
+"""Benchmark (not a test): bump a 12-patch stack from megatron-core 0.19.0 to 0.19.2.
+
+Prints our ``bump`` wall time next to raw ``git rebase --onto`` + ``git range-diff`` on the same
+input (the same work repo, with both bases already imported), their ratio, and the time to
+regenerate the report. Targets: ratio <= 1.5, report < 2 s.
+
+    FORK_REBASE_CACHE=/path/to/cache python bench/rebase_bench.py [--repeat 3] [--keep DIR]
+
+The sdists come from $FORK_REBASE_CACHE/sdist (downloaded with pip when missing).
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.rebase.bump import bump  # noqa: E402
+from tools.rebase.bump_cli import report_last_bump  # noqa: E402
+from tools.rebase.gitcmd import hermetic_env  # noqa: E402
+from tools.rebase.paths import Layout  # noqa: E402
+from tools.rebase.pin import Pin  # noqa: E402
+from tools.rebase.report import write_report  # noqa: E402
+from tools.rebase.source import download_sdist, import_base, sha256_file  # noqa: E402
+from tools.rebase.workrepo import apply, export  # noqa: E402
+
+OLD, NEW = "0.19.0", "0.19.2"
+CORE = "megatron/core/"
+
+
+def _replace(old, new):
+    def edit(text):
+        if old not in text:
+            raise SystemExit(f"benchmark stack is stale: {old!r} not found")
+        return text.replace(old, new, 1)
+    return edit
+
+
+def _append(extra):
+    return lambda text: text + extra
+
+
+# Twelve patches: two in files 0.19.2 changes (one only drifts context, one is absorbed upstream),
+# the rest spread over MoE, attention, config, model and optimizer files.
+STACK = [
+    ("mtp-typing-note", CORE + "transformer/multi_token_prediction.py",
+     _replace("from typing import TYPE_CHECKING, Callable, List, Optional, Union\n",
+              "from typing import TYPE_CHECKING, Callable, List, Optional, Union  # fork\n")),
+    ("mtp-unpack-style", CORE + "transformer/multi_token_prediction.py",
+     _replace("(hidden_states, input_ids, position_ids, padding_mask) = self.layers[layer_idx](",
+              "hidden_states, input_ids, position_ids, padding_mask = self.layers[layer_idx](")),
+    ("layer-marker", CORE + "transformer/transformer_layer.py", _append("\n# fork: layer marker\n")),
+    ("schedule-plan-marker", CORE + "models/common/model_chunk_schedule_plan.py",
+     _append("\n# fork: schedule plan marker\n")),
+    ("router-marker", CORE + "transformer/moe/router.py", _append("\n# fork: router marker\n")),
+    ("moe-utils-marker", CORE + "transformer/moe/moe_utils.py", _append("\n# fork: moe utils marker\n")),
+    ("config-marker", CORE + "transformer/transformer_config.py", _append("\n# fork: config marker\n")),
+    ("attention-marker", CORE + "transformer/attention.py", _append("\n# fork: attention marker\n")),
+    ("mlp-marker", CORE + "transformer/mlp.py", _append("\n# fork: mlp marker\n")),
+    ("gpt-model-marker", CORE + "models/gpt/gpt_model.py", _append("\n# fork: gpt model marker\n")),
+    ("optimizer-marker", CORE + "optimizer/__init__.py", _append("\n# fork: optimizer marker\n")),
+    ("rl-extra-module", CORE + "fork_rl_extra.py", lambda _text: "FORK_RL_EXTRA = True\n"),
+]
+
+
+def _commit(work: Path, name: str, rel: str, edit) -> None:
+    path = work / rel
+    path.write_text(edit(path.read_text() if path.exists() else ""))
+    env = hermetic_env({"GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+                        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"})
+    msg = f"{name}\n\nBenchmark patch.\n\nPatch-Name: {name}\nUpstream-Status: fork-only bench\nTests: tests\n"
+    for args in (["add", "-A"], ["commit", "-q", "-m", msg]):
+        subprocess.run(["git", *args], cwd=work, env=env, check=True, capture_output=True)
+
+
+def make_template(dest: Path, cache: Path) -> Layout:
+    (dest / "patches").mkdir(parents=True)
+    (dest / "patches" / "series").write_text("# benchmark series\n")
+    (dest / "tests").mkdir()
+    old = Pin("pypi", package="megatron-core", version=OLD,
+              sha256=sha256_file(download_sdist(cache, "megatron-core", OLD)))
+    (dest / "upstream.toml").write_text(old.to_toml())
+    layout = Layout(dest)
+    apply(layout, log=lambda *_: None)
+    for name, rel, edit in STACK:
+        _commit(layout.work, name, rel, edit)
+    export(layout, log=lambda *_: None)
+    new = Pin("pypi", package="megatron-core", version=NEW,
+              sha256=sha256_file(download_sdist(cache, "megatron-core", NEW)))
+    t = time.perf_counter()
+    import_base(layout.work, cache, new)  # both sides start with both bases imported
+    print(f"(setup) importing the {NEW} sdist as a base commit: {time.perf_counter() - t:.2f} s")
+    return layout, new
+
+
+def raw_git(work: Path, old_base: str, old_tip: str, new_base: str) -> float:
+    env = hermetic_env({"GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid"})
+    t = time.perf_counter()
+    subprocess.run(["git", "checkout", "-q", "-B", "raw", old_tip], cwd=work, env=env, check=True)
+    subprocess.run(["git", "rebase", "-q", "--onto", new_base, old_base, "raw"], cwd=work, env=env,
+                   check=True, capture_output=True)
+    subprocess.run(["git", "range-diff", "--no-color", f"{old_base}..{old_tip}", f"{new_base}..raw"],
+                   cwd=work, env=env, check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--keep", help="keep the last bumped checkout here")
+    args = ap.parse_args()
+    cache = Path(os.environ.get("FORK_REBASE_CACHE") or Path(tempfile.gettempdir()) / "fork-rebase-bench-cache")
+    os.environ["FORK_REBASE_CACHE"] = str(cache)
+    tmp = Path(tempfile.mkdtemp(prefix="rebase-bench-"))
+    try:
+        template, new_pin = make_template(tmp / "template", cache)
+        from tools.rebase.source import base_tag
+        from tools.rebase.gitcmd import git
+        from tools.rebase.pin import load_pin
+
+        old_base = git("rev-parse", f"refs/tags/{base_tag(load_pin(template.pin))}", cwd=template.work).strip()
+        old_tip = git("rev-parse", "HEAD", cwd=template.work).strip()
+        new_base = git("rev-parse", f"refs/tags/{base_tag(new_pin)}", cwd=template.work).strip()
+        ours, raw, report = [], [], []
+        load0 = f"{os.getloadavg()[0]:.2f}"
+        for i in range(args.repeat):
+            # Alternate the two sides so machine load hits both alike.
+            raw_dir = tmp / f"raw{i}"
+            shutil.copytree(template.work, raw_dir, symlinks=True)
+            run_dir = tmp / f"run{i}"
+            shutil.copytree(template.root, run_dir, symlinks=True)
+            layout = Layout(run_dir)
+            if i % 2:
+                raw.append(raw_git(raw_dir, old_base, old_tip, new_base))
+            t = time.perf_counter()
+            data = bump(layout, f"pypi:megatron-core=={NEW}", log=lambda *_: None, run_tests=False)
+            ours.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            write_report(report_last_bump(layout), layout.report_md, layout.report_json)
+            report.append(time.perf_counter() - t)
+            if not i % 2:
+                raw.append(raw_git(raw_dir, old_base, old_tip, new_base))
+            if args.keep and i == args.repeat - 1:
+                shutil.copytree(run_dir, args.keep, dirs_exist_ok=True)
+        counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
+        print(f"stack: {len(STACK)} patches, megatron-core {OLD} -> {NEW}; report: {counts}")
+        print(f"load average before/after: {load0} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+        runs = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+        print(f"ours (bump: replay, absorbed detection, export, report): min {min(ours):.2f} s, "
+              f"median {statistics.median(ours):.2f} s (runs: {runs(ours)})")
+        print(f"raw git rebase --onto + git range-diff:                 min {min(raw):.2f} s, "
+              f"median {statistics.median(raw):.2f} s (runs: {runs(raw)})")
+        print(f"ratio ours/raw: {min(ours) / min(raw):.2f}x on the best runs, "
+              f"{statistics.median(ours) / statistics.median(raw):.2f}x on medians (target <= 1.5x)")
+        print(f"report regeneration: min {min(report):.2f} s, median {statistics.median(report):.2f} s "
+              f"(target < 2 s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

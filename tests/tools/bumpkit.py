@@ -1,0 +1,154 @@
+"""Helpers for the bump/report tests: tiny git repos built from file edits (no conftest, no fixtures)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+ENV = dict(
+    os.environ,
+    GIT_CONFIG_GLOBAL=os.devnull,
+    GIT_CONFIG_NOSYSTEM="1",
+    GIT_AUTHOR_NAME="Test Author",
+    GIT_AUTHOR_EMAIL="author@example.invalid",
+    GIT_COMMITTER_NAME="Test Author",
+    GIT_COMMITTER_EMAIL="author@example.invalid",
+    GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
+    GIT_COMMITTER_DATE="2026-01-01T00:00:00Z",
+)
+
+
+def sh(*args, cwd, env=None, check=True):
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env or ENV, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed: {proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def numbered(tag, n=40):
+    return "".join(f"{tag} line {i}\n" for i in range(1, n + 1))
+
+
+def write(repo: Path, edits: dict):
+    for rel, transform in edits.items():
+        target = repo / rel
+        if transform is None:
+            target.unlink()
+            continue
+        old = target.read_text() if target.exists() else ""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(transform(old) if callable(transform) else transform)
+
+
+def commit(repo: Path, edits: dict, message: str, date="2026-01-01T00:00:00Z") -> str:
+    write(repo, edits)
+    sh("git", "add", "-A", cwd=repo)
+    env = dict(ENV, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    sh("git", "commit", "-q", "--allow-empty", "-m", message, cwd=repo, env=env)
+    return sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+
+
+def init(repo: Path, files: dict, message="base") -> str:
+    repo.mkdir(parents=True, exist_ok=True)
+    sh("git", "init", "-q", "-b", "main", cwd=repo)
+    return commit(repo, files, message)
+
+
+def patch_msg(name, subject=None, body="Why it exists.", tests="tests/test_dummy.py::test_ok"):
+    return (f"{subject or name}\n\n{body}\n\nPatch-Name: {name}\n"
+            f"Upstream-Status: fork-only test fixture\nTests: {tests}\n")
+
+
+def replace_line(old_text, new_text):
+    def edit(text):
+        assert old_text in text, (old_text, text[:200])
+        return text.replace(old_text, new_text, 1)
+    return edit
+
+
+def append(extra):
+    return lambda text: text + extra
+
+
+# ---------------------------------------------------------------- a fork checkout pinned to a git upstream
+
+UPSTREAM_FILES = {
+    "megatron/core/package_info.py": "MAJOR = 0\nMINOR = 42\nPATCH = 1\nPRE_RELEASE = ''\n__version__ = '0.42.1'\n",
+    "megatron/core/__init__.py": "",
+    "megatron/core/alpha.py": numbered("alpha"),
+    "megatron/core/beta.py": numbered("beta"),
+    "megatron/core/gamma.py": numbered("gamma"),
+    "megatron/core/delta.py": numbered("delta"),
+}
+
+
+class Fork:
+    def __init__(self, root: Path, upstream: Path):
+        from tools.rebase.paths import Layout
+
+        self.root, self.upstream = root, upstream
+        self.layout = Layout(root)
+
+    @property
+    def work(self) -> Path:
+        return self.layout.work
+
+    def upstream_commit(self, edits, message, tag=None):
+        sha = commit(self.upstream, edits, message)
+        if tag:
+            sh("git", "tag", "-f", tag, cwd=self.upstream)
+        return sha
+
+    def add_patch(self, name, edits, subject=None, body="Why it exists.", tests="tests/test_dummy.py::test_ok"):
+        """Commit one patch in the work repo (apply first, export after: see ``stack``)."""
+        commit(self.work, edits, patch_msg(name, subject, body, tests))
+
+    def stack(self, patches):
+        from tools.rebase.workrepo import apply, export
+
+        apply(self.layout, log=quiet)
+        for args in patches:
+            self.add_patch(*args)
+        export(self.layout, log=quiet)
+
+    def snapshot(self):
+        """Everything a bump may touch, for exact before/after comparisons."""
+        files = {}
+        for path in sorted(self.root.rglob("*")):
+            rel = path.relative_to(self.root).as_posix()
+            if rel.startswith((".rebase/", "megatron/")) or not path.is_file():
+                continue
+            files[rel] = path.read_bytes()
+        for extra in (".rebase/state.json",):
+            p = self.root / extra
+            files[extra] = p.read_bytes() if p.exists() else None
+        work = {
+            "refs": sh("git", "for-each-ref", "--format=%(refname) %(objectname)", cwd=self.work),
+            "head": sh("git", "symbolic-ref", "-q", "HEAD", cwd=self.work, check=False),
+            "sha": sh("git", "rev-parse", "HEAD", cwd=self.work),
+            "status": sh("git", "status", "--porcelain", "--untracked-files=all", cwd=self.work),
+            "config": (self.work / ".git" / "config").read_bytes(),
+        }
+        return files, work
+
+    def patch_files(self):
+        return {p.name: p.read_bytes() for p in sorted(self.layout.patches.glob("*")) if p.is_file()}
+
+
+def quiet(*_a, **_k):
+    pass
+
+
+def make_fork(tmp_path: Path, name="fork") -> Fork:
+    upstream = tmp_path / "upstream"
+    if not upstream.exists():
+        init(upstream, UPSTREAM_FILES, "upstream v1")
+        sh("git", "tag", "v1", cwd=upstream)
+    sha = sh("git", "rev-parse", "v1", cwd=upstream).strip()
+    root = tmp_path / name
+    (root / "patches").mkdir(parents=True)
+    (root / "patches" / "series").write_text("# test series\n")
+    (root / "upstream.toml").write_text(
+        f'[upstream]\nkind = "git"\nurl = "{upstream}"\ncommit = "{sha}"\nref = "v1"\n')
+    (root / "tests").mkdir()
+    (root / "tests" / "test_dummy.py").write_text("def test_ok():\n    assert True\n")
+    return Fork(root, upstream)

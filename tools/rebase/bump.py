@@ -1,0 +1,745 @@
+"""``bump``: move the patch stack onto a new upstream base.
+
+The patch commits are replayed with 3-way merges by ``git rebase`` (one run per stretch between
+stops; rerere on, with the resolutions recorded in ``patches/resolutions/`` loaded first; committer
+date = author date, so commit ids are the ones ``apply`` builds from the exported patches). Per
+patch the outcome is one of:
+
+- clean: replayed without conflict;
+- resolved (recorded): rerere resolved every conflict; the patch's ``Tests:`` are re-run;
+- resolved (by hand): the bump stopped, the maintainer resolved and ran ``bump --continue``;
+- absorbed: the change is already in the new base (empty after replay or after resolution, its
+  reverse applies to the new tree, or an upstream commit between the bases carries the same
+  patch-id); the upstream commit is named when there is history to search;
+- dropped: the maintainer removed it on purpose (``bump --continue --drop`` at its conflict).
+
+Progress lives in the journal (``journal.py``) and in the work repo's own commits, so a bump can be
+continued or aborted after being killed at any point, even inside ``git rebase``. On success the
+pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` then materializes
+``megatron/``.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.rebase import journal as jr
+from tools.rebase import resolutions as rr
+from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
+from tools.rebase.errors import RebaseError
+from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
+from tools.rebase.materialize import materialize
+from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
+from tools.rebase.report import build_report, reverse_applies, write_report
+from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
+
+LAST_OLD_REF = "refs/rebase/last-bump/old"
+LAST_NEW_REF = "refs/rebase/last-bump/new"
+
+
+class Stopped(RebaseError):
+    """The bump stopped and waits for the maintainer (conflict or failing tests)."""
+
+
+def _no_hook(point, **info):
+    pass
+
+
+# ---------------------------------------------------------------- tests
+
+def pytest_runner(layout, name: str, node_ids: list) -> dict:
+    """Run each node id with pytest in the checkout (``megatron/`` is the bumped tree)."""
+    results = {}
+    for node in node_ids:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", node],
+            cwd=layout.root, capture_output=True, text=True,
+        )
+        results[node] = "passed" if proc.returncode == 0 else (
+            "not found" if proc.returncode in (4, 5) else "failed")
+    return results
+
+
+# ---------------------------------------------------------------- helpers
+
+def _pin_from_toml(text: str) -> Pin:
+    import tomllib
+
+    return pin_from_table(tomllib.loads(text)["upstream"], where="bump journal")
+
+
+def resolve_spec(layout, spec: str) -> Pin:
+    kind, a, b = parse_spec(spec)
+    if kind == "pypi":
+        path = download_sdist(layout.cache, a, b)
+        return Pin("pypi", package=a, version=b, sha256=sha256_file(path))
+    url = a
+    local = Path(url).expanduser()
+    if local.exists():
+        url = str(local.resolve())
+    commit = resolve_git_ref(layout.cache, url, b)
+    return Pin("git", url=url, commit=commit, ref="" if b == commit else b)
+
+
+def _unmerged(work: Path) -> list:
+    out = git("diff", "--name-only", "--diff-filter=U", cwd=work)
+    return sorted(set(out.split()))
+
+
+def _marker_files(work: Path) -> list:
+    """Staged files that still carry conflict markers."""
+    out = git("diff", "--cached", "--no-color", "-U0", cwd=work)
+    bad, current = set(), None
+    for line in out.splitlines():
+        if line.startswith("+++ b/"):
+            current = line[6:]
+        elif line.startswith(("+<<<<<<< ", "+>>>>>>> ")) and current:
+            bad.add(current)
+    return sorted(bad)
+
+
+def _staged_changes(work: Path) -> bool:
+    return git_proc("diff", "--cached", "--quiet", cwd=work).returncode != 0
+
+
+def _commit_pick(work: Path, original: str, date: str) -> str:
+    """Commit the staged result as the replay of ``original`` (committer date = author date, so
+    the id is the one ``apply`` builds from the exported patch)."""
+    git("commit", "-q", "--no-verify", "--allow-empty-message", "-C", original, cwd=work,
+        env={"GIT_COMMITTER_DATE": date})
+    return git("rev-parse", "HEAD", cwd=work).strip()
+
+
+def _describe(work: Path, base: str, tip: str):
+    """``[(commit, Patch-Name or short id, raw author date)]`` of base..tip, in one git call."""
+    from tools.rebase.series import parse_trailers
+
+    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%ad%x00%B%x01", f"{base}..{tip}", cwd=work)
+    rows = []
+    for chunk in out.split("\x01"):
+        chunk = chunk.strip("\n")
+        if not chunk:
+            continue
+        sha, date, message = chunk.split("\x00", 2)
+        names = parse_trailers(message).get("Patch-Name", [])
+        rows.append((sha, names[0] if names else sha[:12], date))
+    return rows
+
+
+def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool) -> str:
+    """Rewrite ``commit`` onto ``parent`` with ``original``'s author (and message unless
+    ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
+    fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
+    name, email, date = fields.split("\x00")
+    message = git("show", "-s", "--format=%B", commit if keep_message else original, cwd=work).rstrip("\n") + "\n"
+    tree = git("rev-parse", f"{commit}^{{tree}}", cwd=work).strip()
+    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+           "GIT_COMMITTER_DATE": date}
+    new = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=work, env=env, input=message).strip()
+    git("reset", "-q", "--soft", new, cwd=work)
+    return new
+
+
+def canonical_chain(work: Path, base: str, tip: str) -> str:
+    """Make every commit of base..tip reproducible (tool committer, committer date = author date),
+    rewriting from the first one that is not (e.g. amended by hand); return the new tip."""
+    from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
+
+    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
+              f"{base}..{tip}", cwd=work)
+    rows = [line.split("\x00") for line in out.splitlines() if line]
+    parent, dirty = base, False
+    for sha, cn, ce, ad, cd in rows:
+        dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
+        if dirty:
+            parent = _recommit(work, sha, parent, sha, keep_message=True)
+        else:
+            parent = sha
+    return parent
+
+
+def _to_branch(work: Path, tip: str) -> None:
+    """Put the work repo on branch ``patched`` at ``tip`` (HEAD is there already: no checkout)."""
+    if _head(work) != tip:
+        git("checkout", "-q", "-f", "--detach", tip, cwd=work)
+    git("update-ref", "refs/heads/patched", tip, cwd=work)
+    git("symbolic-ref", "HEAD", "refs/heads/patched", cwd=work)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _head(work: Path) -> str:
+    """HEAD's commit id, read without a git process when HEAD is detached (as during replay)."""
+    text = (work / ".git" / "HEAD").read_text().strip()
+    if len(text) == 40 and all(c in "0123456789abcdef" for c in text):
+        return text
+    return git("rev-parse", "HEAD", cwd=work).strip()
+
+
+def _reset_to(work: Path, commit: str) -> None:
+    for args in (("cherry-pick", "--quit"), ("merge", "--quit")):
+        git_proc(*args, cwd=work)
+    rr.forget_in_progress(work)
+    git("reset", "-q", "--hard", commit, cwd=work)
+    git("clean", "-q", "-fd", cwd=work)
+
+
+def _base_label(pin: Pin) -> str:
+    return f"{pin.package} {pin.version}" if pin.kind == "pypi" else f"{pin.url}@{(pin.ref or pin.commit[:12])}"
+
+
+def _ensure_applied(layout) -> None:
+    """Make the work repo hold exactly patches/ on the pin (cheap when it already does)."""
+    from tools.rebase.series import load_stack
+    from tools.rebase.state import current_digest, read_state
+    from tools.rebase.workrepo import apply, guard_work_repo
+
+    state = read_state(layout)
+    if (layout.work / ".git").exists() and state.get("tip"):
+        series, patches = load_stack(layout)
+        if state.get("digest") == current_digest(layout, load_pin(layout.pin), series, patches):
+            guard_work_repo(layout, state)  # clean, and HEAD is the stack last applied/exported
+            return
+    apply(layout, log=lambda *_: None)
+
+
+_MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+
+
+def _fast_export(work: Path, base: str, tip: str):
+    """``stack.export_range`` in two git calls (one format-patch stream, split per commit).
+
+    Returns None (caller falls back to ``export_range``, which also explains any problem) unless
+    every commit has a distinct valid Patch-Name and the stream splits into one file per commit.
+    """
+    from tools.rebase.series import SLUG
+    from tools.rebase.stack import FORMAT_PATCH_FLAGS
+
+    described = _describe(work, base, tip)
+    names = [n for _, n, _ in described]
+    if any(not SLUG.match(n) or len(n) == 12 and n == c[:12] for c, n, _ in described) or len(set(names)) != len(names):
+        return None
+    stream = git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=work, binary=True)
+    parts = stream.split(_MBOX_FROM)
+    if parts[0] != b"" or len(parts) - 1 != len(described):
+        return None
+    out = []
+    bodies = parts[1:]
+    for number, (name, body) in enumerate(zip(names, bodies), start=1):
+        if number < len(bodies):  # the stream separates messages with one blank line
+            if not body.endswith(b"\n\n"):
+                return None
+            body = body[:-1]
+        data = _MBOX_FROM + body
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        out.append((f"{number:04d}-{name}.patch", data))
+    return out
+
+
+def _export(layout, base: str, tip: str) -> list:
+    """Write patches/ (and the tool state) for base..tip; ``megatron/`` is left to ``apply``."""
+    from tools.rebase.series import load_stack, read_series, render_series
+    from tools.rebase.stack import export_range, write_patch_dir
+    from tools.rebase.state import current_digest, write_state
+    from tools.rebase.workrepo import SERIES_HEADER, stamp_version
+
+    files = _fast_export(layout.work, base, tip) or export_range(layout.work, base, tip)
+    old_series = read_series(layout.series) if layout.series.is_file() else None
+    write_patch_dir(layout.patches, files, render_series([n for n, _ in files], old_series, header=SERIES_HEADER))
+    series, patches = load_stack(layout)
+    pin = load_pin(layout.pin)
+    digest = current_digest(layout, pin, series, patches)
+    version = stamp_version(layout, layout.work, digest, len(patches))
+    write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
+    return patches
+
+
+# ---------------------------------------------------------------- the bump
+
+class Bump:
+    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=_no_hook, run_tests=True):
+        self.layout = layout
+        self.work = layout.work
+        self.log = log
+        self.test_runner = test_runner
+        self.hook = hook
+        self.run_tests = run_tests
+        self.j = None
+
+    # -- journal helpers
+    def _save(self):
+        jr.save(self.layout, self.j)
+
+    def start(self, spec: str):
+        layout = self.layout
+        existing = jr.load(layout)
+        if existing:
+            raise RebaseError(
+                f"a bump onto {existing['onto']} is already in progress ({existing['phase']}); "
+                f"run `python -m tools.rebase bump --continue` or `bump --abort` first"
+            )
+        old_pin = load_pin(layout.pin)
+        new_pin = resolve_spec(layout, spec)
+        if new_pin == old_pin:
+            raise RebaseError(f"the stack is already on {new_pin.display}; nothing to bump")
+        _ensure_applied(layout)  # work repo == patches/ (refuses unexported work)
+        work = self.work
+        old_base = import_base(work, layout.cache, old_pin)
+        old_tip = git("rev-parse", "HEAD", cwd=work).strip()
+        described = _describe(work, old_base, old_tip)
+        commits = [c for c, _, _ in described]
+        names = [n for _, n, _ in described]
+        self.j = jr.begin(layout, {
+            "onto": spec, "phase": "replaying",
+            "old_pin": old_pin.to_toml(), "new_pin": new_pin.to_toml(),
+            "old_base": old_base, "old_tip": old_tip, "commits": commits, "names": names,
+            "dates": [d for _, _, d in described],
+            "next": 0, "tip": None, "new_base": None, "outcomes": [], "stopped": None,
+            "materialized": False, "tests": {},
+        })
+        self.hook("after-backup")
+        new_base = import_base(work, layout.cache, new_pin)
+        self.j["new_base"] = new_base
+        self.j["tip"] = new_base
+        self._save()
+        loaded = rr.import_resolutions(layout.resolutions, work)
+        # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
+        self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
+                 + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))
+        return self._run()
+
+    def resume(self, drop: bool = False):
+        self.j = jr.load(self.layout)
+        if not self.j:
+            raise RebaseError("no bump in progress (nothing to continue)")
+        work = self.work
+        phase = self.j["phase"]
+        if drop and phase != "stopped":
+            raise RebaseError("--drop applies only while the bump is stopped at a conflicting patch")
+        if self.j["new_base"] is None:  # killed while importing the new base: start that step again
+            new_base = import_base(work, self.layout.cache, _pin_from_toml(self.j["new_pin"]))
+            self.j.update(new_base=new_base, tip=new_base)
+            self._save()
+            rr.import_resolutions(self.layout.resolutions, work)
+        if phase == "stopped":
+            self._continue_stopped(drop)
+        elif phase == "replaying":
+            self._recover_replay()
+        elif phase == "tests-failed":
+            head = git("rev-parse", "HEAD", cwd=work).strip()
+            if not is_clean(work):
+                raise RebaseError(f"{work} has uncommitted changes; commit (amend the patch) first")
+            if head != self.j["tip"]:
+                if git("rev-list", "--count", f"{self.j['new_base']}..{head}", cwd=work).strip() != \
+                        git("rev-list", "--count", f"{self.j['new_base']}..{self.j['tip']}", cwd=work).strip():
+                    raise RebaseError("the work repo must keep one commit per patch while fixing tests")
+                self.j["tip"] = head
+            self.j["phase"] = "testing"
+            self._save()
+        return self._run()
+
+    def abort(self):
+        j = jr.load(self.layout)
+        if not j:
+            raise RebaseError("no bump in progress (nothing to abort)")
+        jr.restore(self.layout, j)
+        if j.get("materialized"):
+            from tools.rebase.state import read_state
+
+            version = read_state(self.layout).get("version")
+            if version and (self.work / "megatron").is_dir():
+                materialize(self.work, self.layout.package, version, force=True)
+        jr.finish(self.layout)
+        self.log(f"bump onto {j['onto']} aborted: pin, patches/, report and work repo restored")
+
+    # -- replay
+    def _recover_replay(self):
+        """After a kill during replay: adopt the patches git already committed, drop a half-done one."""
+        work, j = self.work, self.j
+        if (work / ".git" / "rebase-merge").is_dir():
+            git_proc("rebase", "--quit", cwd=work)
+        head = git("rev-parse", "HEAD", cwd=work).strip()
+        if head != j["tip"] and not (j["next"] == 0 and head == j["old_tip"]):
+            if git_proc("merge-base", "--is-ancestor", j["tip"], head, cwd=work).returncode != 0:
+                raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
+                                  f"({j['tip'][:12]}); run bump --abort")
+            self._adopt(head, end=None)
+        _reset_to(work, j["tip"])
+
+    def _adopt(self, head, end):
+        """Record the commits ``tip..head`` (made by one ``git rebase``) as replayed patches.
+
+        Patches the rebase skipped between them became empty: absorbed. ``end`` is the index the
+        rebase stopped at (or ``len(commits)`` when it finished), so the skipped patches before it
+        are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
+        j = self.j
+        pos = j["next"]
+        limit = end if end is not None else len(j["commits"])
+        skipped = []
+        for sha, name, _ in (_describe(self.work, j["tip"], head) if head != j["tip"] else []):
+            k = pos
+            while k < limit and j["names"][k] != name:
+                k += 1
+            if k == limit:
+                raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
+                                  f"being replayed; run bump --abort")
+            skipped += range(pos, k)
+            self._note(k, "clean", sha)
+            pos = k + 1
+        if end is not None:
+            skipped += range(pos, end)
+            pos = end
+        for k in skipped:
+            self._note(k, "absorbed", upstream="", how="empty after replay")
+        j["outcomes"].sort(key=lambda o: o["index"])
+        j["next"] = pos
+        self._save()
+        for k in skipped:  # naming the absorbing commit needs the outcome list to be saved first
+            up, how = self._name_absorber(k, "empty after replay")
+            for o in j["outcomes"]:
+                if o["index"] == k:
+                    o.update(upstream=up, how=how)
+            self.log(f"  {j['names'][k]}: absorbed upstream ({how})")
+        if skipped:
+            self._save()
+
+    def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+        j = self.j
+        j["outcomes"].append({
+            "index": idx, "name": j["names"][idx], "old": j["commits"][idx], "new": new_commit,
+            "outcome": outcome, "upstream": upstream, "how": how, "note": note,
+        })
+        if new_commit:
+            j["tip"] = new_commit
+
+    def _record(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+        j = self.j
+        self._note(idx, outcome, new_commit, upstream, how, note)
+        j["next"] = idx + 1
+        j["stopped"] = None
+        j["phase"] = "replaying"
+        self._save()
+
+    def _upstream_candidates(self):
+        j = self.j
+        old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
+        if old_pin.kind != "git" or new_pin.kind != "git":
+            return None
+        if not hasattr(self, "_candidates"):
+            paths = sorted({p for c in j["commits"] for p in _files_of(self.work, c)})
+            self._candidates = upstream_commits(self.work, old_pin.commit, new_pin.commit, paths)
+        return self._candidates
+
+    def _absorbed_by(self, idx):
+        """(upstream commit or "", how) if patch idx is already in the new base, else None."""
+        work, j = self.work, self.j
+        commit = j["commits"][idx]
+        patch = list_range(work, f"{commit}^", commit)[0]
+        candidates = self._upstream_candidates()
+        if candidates:
+            found, how = find_absorbing_commit(work, patch, candidates)
+            if found and how == "same patch-id":
+                return found, how
+        if reverse_applies(work, j["tip"], patch.diff):
+            found, how = find_absorbing_commit(work, patch, candidates or [])
+            return found or "", "already applied: its reverse applies to the new tree" + (
+                f"; carried by upstream {found[:12]} ({how})" if found else "")
+        return None
+
+    def _name_absorber(self, idx, why):
+        candidates = self._upstream_candidates()
+        if not candidates:
+            return "", why
+        commit = self.j["commits"][idx]
+        patch = list_range(self.work, f"{commit}^", commit)[0]
+        found, how = find_absorbing_commit(self.work, patch, candidates)
+        return (found, f"{why}; {how}") if found else ("", why)
+
+    def _run(self):
+        j = self.j
+        work = self.work
+        while j["phase"] == "replaying" and j["next"] < len(j["commits"]):
+            # Replay everything left with one `git rebase` (3-way merges, rerere on, committer
+            # date = author date so ids are reproducible); it stops at the first conflict.
+            first = j["next"]
+            upstream = j["commits"][first - 1] if first else j["old_base"]
+            proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j["tip"], "--reapply-cherry-picks",
+                            "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",
+                            "--no-update-refs", upstream, j["old_tip"], cwd=work)
+            self.hook("after-rebase", index=first)
+            idx = None
+            if (work / ".git" / "rebase-merge").is_dir():
+                stopped = _read(work / ".git" / "REBASE_HEAD")
+                idx = next((k for k in range(first, len(j["commits"]))
+                            if stopped and j["commits"][k].startswith(stopped)), None)
+                git_proc("rebase", "--quit", cwd=work)
+                if idx is None:
+                    _reset_to(work, _head(work))
+                    raise RebaseError(f"git rebase stopped without naming the patch:\n"
+                                      f"{(proc.stdout + proc.stderr).strip()}")
+            elif proc.returncode != 0:
+                _reset_to(work, j["tip"])
+                raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
+            self._adopt(_head(work), end=idx if idx is not None else len(j["commits"]))
+            if idx is None:
+                break
+            commit = j["commits"][idx]
+            unmerged = _unmerged(work)
+            if not unmerged and not _marker_files(work):
+                # Nothing left to merge: rerere resolved every conflict from a recorded resolution
+                # (or the result is empty: already in the new base).
+                if _staged_changes(work):
+                    new = _commit_pick(work, commit, j["dates"][idx])
+                    self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+                    self.log(f"  {j['names'][idx]}: conflict resolved by a recorded resolution")
+                else:
+                    _reset_to(work, j["tip"])
+                    up, how = self._name_absorber(idx, "empty after the recorded resolution")
+                    self._record(idx, "absorbed", upstream=up, how=how)
+                continue
+            if not unmerged:
+                _reset_to(work, j["tip"])
+                raise RebaseError(f"replaying {j['names'][idx]} failed:\n{(proc.stdout + proc.stderr).strip()}")
+            ids = rr.conflict_ids(work)
+            absorbed = self._absorbed_by(idx)
+            if absorbed:
+                _reset_to(work, j["tip"])
+                self._record(idx, "absorbed", upstream=absorbed[0], how=absorbed[1])
+                self.log(f"  {j['names'][idx]}: absorbed upstream ({absorbed[1]})")
+                continue
+            rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
+            j["phase"] = "stopped"
+            j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids,
+                            "upstream": self._upstream_touching(unmerged)}
+            self._save()
+            raise Stopped(self._conflict_summary())
+        if j["phase"] == "replaying":
+            j["phase"] = "testing"
+            self._save()
+        if j["phase"] == "testing":
+            self._test_resolved()
+        if j["phase"] == "finishing":
+            return self._finish()
+        return None
+
+    def _upstream_touching(self, files):
+        j = self.j
+        old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
+        if old_pin.kind == "git" and new_pin.kind == "git":
+            out = git("log", "--no-merges", "--format=%H %s", f"{old_pin.commit}..{new_pin.commit}", "--",
+                      *files, cwd=self.work)
+            return [{"commit": line[:40], "subject": line[41:]} for line in out.splitlines()]
+        out = git("diff", "--numstat", j["old_base"], j["new_base"], "--", *files, cwd=self.work)
+        return [{"file": parts[2], "added": parts[0], "removed": parts[1]}
+                for parts in (line.split("\t", 2) for line in out.splitlines())]
+
+    def _conflict_summary(self) -> str:
+        j = self.j
+        s = j["stopped"]
+        idx = s["index"]
+        new_pin = _pin_from_toml(j["new_pin"])
+        lines = [
+            f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
+            f"conflicts with {_base_label(new_pin)} in:",
+            *[f"  {f}" for f in s["files"]],
+        ]
+        if s["upstream"] and "commit" in s["upstream"][0]:
+            old_pin = _pin_from_toml(j["old_pin"])
+            lines.append(f"upstream commits in {old_pin.commit[:12]}..{new_pin.commit[:12]} touching these files:")
+            lines += [f"  {u['commit'][:12]} {u['subject']}" for u in s["upstream"]]
+        elif s["upstream"]:
+            lines.append("upstream changes to these files between the bases:")
+            lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s["upstream"]]
+        else:
+            lines.append("(no upstream commit between the bases touches these files)")
+        lines += [
+            f"Resolve in {self.work} (edit the files, then `git -C {self.work} add <files>`; do not commit),",
+            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
+            "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo.",
+        ]
+        return "\n".join(lines)
+
+    def _continue_stopped(self, drop: bool):
+        j, work = self.j, self.work
+        s = j["stopped"]
+        idx = s["index"]
+        name = j["names"][idx]
+        if drop:
+            _reset_to(work, j["tip"])
+            self._record(idx, "dropped", note="removed on purpose by the maintainer")
+            self.log(f"  {name}: dropped")
+            return
+        head = git("rev-parse", "HEAD", cwd=work).strip()
+        if head != j["tip"]:
+            if rev_parse(work, f"{head}^") == j["tip"] and is_clean(work):
+                # The maintainer committed the resolution: keep its tree (and its message when it
+                # still names the patch), with the original author and a reproducible commit id.
+                keep = _patch_name(work, head) == name
+                new = _recommit(work, head, j["tip"], j["commits"][idx], keep_message=keep)
+                rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
+                self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
+                return
+            raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j['tip'][:12]} with the "
+                              f"resolution of {name} staged (do not commit it yourself)")
+        unmerged = _unmerged(work)
+        if unmerged:
+            raise RebaseError(f"{name}: still unmerged in {work}: {', '.join(unmerged)} "
+                              f"(resolve, then `git -C {work} add` them)")
+        markers = _marker_files(work)
+        if markers:
+            raise RebaseError(f"{name}: conflict markers left in {', '.join(markers)}")
+        unstaged = git("diff", "--name-only", cwd=work).split()
+        if unstaged:
+            raise RebaseError(f"{name}: unstaged edits in {', '.join(unstaged)}; `git -C {work} add` them")
+        rr.record(work)
+        self.hook("after-record", index=idx)
+        if _staged_changes(work):
+            new = _commit_pick(work, j["commits"][idx], j["dates"][idx])
+            rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
+            self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
+        else:
+            _reset_to(work, j["tip"])
+            up, how = self._name_absorber(idx, "empty after conflict resolution")
+            self._record(idx, "absorbed", upstream=up, how=how)
+
+    # -- tests and finish
+    def _test_resolved(self):
+        j = self.j
+        todo = [o for o in j["outcomes"] if o["outcome"] in ("resolved-recorded", "resolved-manual")]
+        if not self.run_tests or not todo:
+            j["phase"] = "finishing"
+            self._save()
+            return
+        work = self.work
+        git("checkout", "-q", "-f", "--detach", j["tip"], cwd=work)
+        if (work / "megatron").is_dir():
+            j["materialized"] = True
+            self._save()
+            materialize(work, self.layout.package, "0+bump.testing", force=True)
+        failures, results = [], {}
+        by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
+        for o in todo:
+            commit = by_name.get(o["name"])
+            if not commit:
+                continue
+            ids = _tests_of(work, commit)
+            outcome = self.test_runner(self.layout, o["name"], ids) if ids else {}
+            results[o["name"]] = outcome
+            failures += [f"{o['name']}: {node}: {res}" for node, res in sorted(outcome.items()) if res != "passed"]
+        j["tests"] = results
+        if failures:
+            j["phase"] = "tests-failed"
+            self._save()
+            raise Stopped("bump stopped: tests of patches whose conflicts were resolved fail:\n  "
+                          + "\n  ".join(failures)
+                          + f"\nFix the patch in {work} (amend its commit), then `bump --continue`; "
+                            "`bump --continue --no-tests` accepts as is; `bump --abort` restores everything.")
+        j["phase"] = "finishing"
+        self._save()
+
+    def _finish(self):
+        j, layout, work = self.j, self.layout, self.work
+        new_pin = _pin_from_toml(j["new_pin"])
+        old_pin = _pin_from_toml(j["old_pin"])
+        tip = canonical_chain(work, j["new_base"], j["tip"])
+        if tip != j["tip"]:
+            j["tip"] = tip
+            self._save()
+        layout.pin.write_text(j["new_pin"])
+        self.hook("after-pin")
+        _to_branch(work, j["tip"])
+        patches = _export(layout, j["new_base"], j["tip"])
+        self.hook("after-export")
+        rr.prune(layout.resolutions, {p.name for p in patches})
+        git("update-ref", "--stdin", cwd=work,
+            input=f"update {LAST_OLD_REF} {j['old_tip']}\nupdate {LAST_NEW_REF} {j['tip']}\n")
+        tests = {}
+        by_name = {}
+        if j.get("tests"):
+            by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
+        for name, outcome in j.get("tests", {}).items():
+            if name in by_name and outcome:
+                tests[by_name[name]] = outcome
+        hints = {"absorbed": {}, "dropped": [], "notes": {}}
+        for o in j["outcomes"]:
+            if o["outcome"] == "absorbed":
+                hints["absorbed"][o["old"]] = [o["upstream"], o["how"]]
+            elif o["outcome"] == "dropped":
+                hints["dropped"].append(o["old"])
+            elif o["note"] and o["new"]:
+                hints["notes"][o["new"]] = o["note"]
+        record = {
+            "old_pin": j["old_pin"], "new_pin": j["new_pin"],
+            "old_base": j["old_base"], "old_tip": j["old_tip"],
+            "new_base": j["new_base"], "new_tip": j["tip"],
+            "hints": hints, "tests": tests,
+        }
+        last = jr.last_bump_dir(layout)
+        last.mkdir(parents=True, exist_ok=True)
+        (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        data = report_from_record(work, record)
+        write_report(data, layout.report_md, layout.report_json)
+        self.hook("after-report")
+        jr.finish(layout)
+        counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
+        self.log(f"bump done: {_base_label(old_pin)} -> {_base_label(new_pin)}; {counts}; "
+                 f"wrote {layout.report_md.name} and {layout.report_json.name}; "
+                 f"run `python -m tools.rebase apply` to materialize megatron/")
+        return data
+
+
+def report_from_record(work: Path, record: dict, tests=None) -> dict:
+    old_pin, new_pin = _pin_from_toml(record["old_pin"]), _pin_from_toml(record["new_pin"])
+    upstream_range = (old_pin.commit, new_pin.commit) if old_pin.kind == new_pin.kind == "git" else None
+    return build_report(work, record["old_base"], record["old_tip"], record["new_base"], record["new_tip"],
+                        old_pin=old_pin, new_pin=new_pin, upstream_range=upstream_range,
+                        hints=record.get("hints"), tests=tests if tests is not None else record.get("tests"),
+                        trusted=True)
+
+
+def _patch_name(work: Path, commit: str) -> str:
+    from tools.rebase.series import parse_trailers
+
+    message = git("show", "-s", "--format=%B", commit, cwd=work)
+    names = parse_trailers(message).get("Patch-Name", [])
+    return names[0] if names else commit[:12]
+
+
+def _subject(work: Path, commit: str) -> str:
+    return git("show", "-s", "--format=%s", commit, cwd=work).strip()
+
+
+def _tests_of(work: Path, commit: str) -> list:
+    import re
+
+    from tools.rebase.series import parse_trailers
+
+    out = []
+    for value in parse_trailers(git("show", "-s", "--format=%B", commit, cwd=work)).get("Tests", []):
+        out.extend(v for v in re.split(r"[\s,]+", value) if v)
+    return out
+
+
+def _files_of(work: Path, commit: str) -> list:
+    return git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, cwd=work).split()
+
+
+# ---------------------------------------------------------------- entry points
+
+def bump(layout, spec: str, **kw):
+    return Bump(layout, **kw).start(spec)
+
+
+def bump_continue(layout, drop: bool = False, **kw):
+    return Bump(layout, **kw).resume(drop=drop)
+
+
+def bump_abort(layout, **kw):
+    return Bump(layout, **kw).abort()

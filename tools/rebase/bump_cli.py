@@ -1,0 +1,187 @@
+"""``bump`` and ``report`` subcommands (registered into ``cli.build_parser``)."""
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+_RANGE = re.compile(r"^(?P<base>[^.\s][^\s]*?)\.\.(?P<tip>[^.\s][^\s]*)$")
+
+
+def register(sub):
+    p = sub.add_parser("bump", help="move the stack onto a new upstream (pypi:NAME==VER or git:URL@ref)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--onto", metavar="SPEC", help="pypi:megatron-core==X or git:URL-or-path@ref")
+    g.add_argument("--continue", dest="cont", action="store_true", help="resume a stopped or interrupted bump")
+    g.add_argument("--abort", action="store_true", help="restore pin, patches/, report and work repo")
+    p.add_argument("--drop", action="store_true",
+                   help="with --continue: remove the patch the bump stopped at, on purpose")
+    p.add_argument("--no-tests", action="store_true",
+                   help="do not re-run the Tests: of patches whose conflicts were resolved")
+    p.set_defaults(func=_cmd_bump)
+
+    p = sub.add_parser("report", help="regenerate REBASE_REPORT.md/.json (last bump, or any two stacks)")
+    p.add_argument("--repo", help="compare two git ranges of this repository (a plain branch stack works)")
+    p.add_argument("--old", help="BASE..TIP with --repo; else a commit of this checkout (its patches/ state)")
+    p.add_argument("--new", help="BASE..TIP with --repo; else a commit of this checkout (default: working tree)")
+    p.add_argument("--output", help="Markdown file (default REBASE_REPORT.md at the checkout root)")
+    p.add_argument("--json", help="JSON twin (default REBASE_REPORT.json next to the default Markdown)")
+    p.add_argument("--run-tests", action="store_true",
+                   help="run each new patch's Tests: (against this checkout's megatron/) and add a column")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_bump(args, lay):
+    from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
+
+    if args.drop and not args.cont:
+        raise RebaseError("--drop goes with --continue")
+    try:
+        if args.abort:
+            bump_abort(lay)
+        elif args.cont:
+            bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
+        else:
+            bump(lay, args.onto, run_tests=not args.no_tests)
+    except Stopped as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _split_range(value, flag):
+    m = _RANGE.match(value or "")
+    if not m:
+        raise RebaseError(f"{flag} {value!r}: expected BASE..TIP (two revisions of the --repo repository)")
+    return m["base"], m["tip"]
+
+
+class _Root:
+    def __init__(self, root):
+        self.root = Path(root)
+
+
+def _tests_for(repo, data, runner_root):
+    from tools.rebase.bump import pytest_runner
+    from tools.rebase.diffparse import list_range
+
+    results = {}
+    new = list_range(Path(repo), data["new"]["base"]["commit"], data["new"]["tip"])
+    for c in new:
+        if c.tests:
+            results[c.commit] = pytest_runner(_Root(runner_root), c.name, c.tests)
+    return results
+
+
+def _cmd_report(args, lay):
+    from tools.rebase.report import build_report, write_report
+
+    if args.repo:
+        if not args.old or not args.new:
+            raise RebaseError("--repo needs --old BASE..TIP and --new BASE..TIP")
+        if not args.output:
+            raise RebaseError("--repo needs --output FILE.md (and optionally --json FILE.json)")
+        repo = Path(args.repo).resolve()
+        ob, ot = _split_range(args.old, "--old")
+        nb, nt = _split_range(args.new, "--new")
+        data = build_report(repo, ob, ot, nb, nt)
+        if args.run_tests:
+            data = build_report(repo, ob, ot, nb, nt, tests=_tests_for(repo, data, repo))
+        write_report(data, Path(args.output), Path(args.json) if args.json else None)
+        print(f"wrote {args.output}" + (f" and {args.json}" if args.json else ""))
+        return 0
+    md = Path(args.output) if args.output else lay.report_md
+    js = Path(args.json) if args.json else (lay.report_json if not args.output else None)
+    if args.old or args.new:
+        data = report_between_states(lay, args.old, args.new, run_tests=args.run_tests)
+    else:
+        data = report_last_bump(lay, run_tests=args.run_tests)
+    write_report(data, md, js)
+    print(f"wrote {md}" + (f" and {js}" if js else ""))
+    return 0
+
+
+def report_last_bump(lay, run_tests=False):
+    from tools.rebase.bump import report_from_record
+    from tools.rebase.journal import last_bump_dir
+
+    path = last_bump_dir(lay) / "record.json"
+    if not path.is_file():
+        raise RebaseError(f"no bump recorded in this checkout ({path} is missing); compare two states "
+                          f"with --old REV [--new REV], or two ranges with --repo")
+    record = json.loads(path.read_text())
+    tests = None
+    if run_tests:
+        from tools.rebase.state import read_state
+        from tools.rebase.workrepo import apply
+
+        apply(lay, log=lambda *_: None)  # the tests run against megatron/ = the bumped stack
+        if read_state(lay).get("tip") != record["new_tip"]:
+            raise RebaseError("--run-tests: this checkout's stack is no longer the one the last bump made; "
+                              "compare states with --old REV [--new REV] instead")
+        data = report_from_record(lay.work, record)
+        tests = _tests_for(lay.work, data, lay.root)
+    return report_from_record(lay.work, record, tests=tests)
+
+
+def _stack_at(lay, rev):
+    """Build the stack that ``patches/`` + the pin held at commit ``rev`` (None: working tree)."""
+    from tools.rebase.gitcmd import git, git_proc
+    from tools.rebase.pin import load_pin
+    from tools.rebase.series import load_stack
+    from tools.rebase.paths import Layout
+    from tools.rebase.source import import_base
+    from tools.rebase.stack import build
+
+    if rev is None:
+        pin = load_pin(lay.pin)
+        _, patches = load_stack(lay)
+        paths = [p.path for p in patches]
+        tmp = None
+    else:
+        if git_proc("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=lay.root).returncode != 0:
+            raise RebaseError(f"{rev!r} is not a commit of the checkout {lay.root}")
+        tmp = tempfile.TemporaryDirectory()
+        root = Path(tmp.name)
+        (root / "patches").mkdir()
+        names = git("ls-tree", "--name-only", f"{rev}:patches", cwd=lay.root).split()
+        for name in names:
+            if name == "series" or name.endswith(".patch"):
+                data = git("show", f"{rev}:patches/{name}", cwd=lay.root, binary=True)
+                (root / "patches" / name).write_bytes(data)
+        (root / "upstream.toml").write_bytes(git("show", f"{rev}:upstream.toml", cwd=lay.root, binary=True))
+        sub = Layout(root)
+        pin = load_pin(sub.pin)
+        _, patches = load_stack(sub)
+        paths = [p.path for p in patches]
+    try:
+        base = import_base(lay.work, lay.cache, pin)
+        commits = build(lay.work, base, paths, three_way=True)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return pin, base, commits[-1] if commits else base
+
+
+def report_between_states(lay, old_rev, new_rev, run_tests=False):
+    from tools.rebase.report import build_report
+
+    if not old_rev:
+        raise RebaseError("--old REV is required when --new is given")
+    old_pin, old_base, old_tip = _stack_at(lay, old_rev)
+    new_pin, new_base, new_tip = _stack_at(lay, new_rev)
+    upstream_range = (old_pin.commit, new_pin.commit) if old_pin.kind == new_pin.kind == "git" else None
+    kw = dict(old_pin=old_pin, new_pin=new_pin, upstream_range=upstream_range)
+    data = build_report(lay.work, old_base, old_tip, new_base, new_tip, **kw)
+    if run_tests:
+        if new_rev is None:
+            from tools.rebase.workrepo import apply
+
+            apply(lay, log=lambda *_: None)  # megatron/ = the working tree's stack
+        # (with --new REV the tests run against this checkout's materialized megatron/)
+        data = build_report(lay.work, old_base, old_tip, new_base, new_tip,
+                            tests=_tests_for(lay.work, data, lay.root), **kw)
+    return data

@@ -1,0 +1,186 @@
+"""The bump report as data (the JSON twin of REBASE_REPORT.md; the Markdown is rendered from it).
+
+``build_report`` compares two stacks given as ranges of one git repo. Everything in the output is
+derived from the inputs (commit ids, the bases' own dates), ordered stably, so the same inputs give
+byte-identical files.
+"""
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pairs
+from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
+from tools.rebase.errors import RebaseError
+from tools.rebase.gitcmd import git, git_proc, rev_parse
+
+SCHEMA = "fork-rebase-report/1"
+
+
+def utc(ts: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
+    """Describe a base: from its pin when it has one, else from the commit itself."""
+    when, _, subject = git("show", "-s", "--format=%ct %s", commit, cwd=repo).strip().partition(" ")
+    info = {"commit": commit, "date": utc(int(when))}
+    if pin is None:
+        info.update(kind="commit", label=commit[:12], subject=subject)
+    elif pin.kind == "pypi":
+        info.update(kind="pypi", label=f"{pin.package} {pin.version}", package=pin.package,
+                    version=pin.version, sha256=pin.sha256)
+    else:
+        info.update(kind="git", label=f"{pin.ref or pin.commit[:12]}", url=pin.url,
+                    upstream_commit=pin.commit, ref=pin.ref)
+        if real:
+            info["date"] = utc(int(git("show", "-s", "--format=%ct", real, cwd=repo).strip()))
+    return info
+
+
+def _ref(c) -> dict:
+    return {"commit": c.commit, "subject": c.subject}
+
+
+def reverse_applies(repo: Path, tree_commit: str, diff: str) -> bool:
+    """True when ``diff`` is already contained in ``tree_commit`` (its reverse applies cleanly)."""
+    if not diff.strip():
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        index = os.path.join(tmp, "index")
+        env = {"GIT_INDEX_FILE": index}
+        git("read-tree", tree_commit, cwd=repo, env=env)
+        proc = git_proc("apply", "--cached", "--check", "-R", "-", cwd=repo, env=env,
+                        input=diff + "\n")
+        return proc.returncode == 0
+
+
+def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str,
+                 old_pin=None, new_pin=None, upstream_range=None, hints=None, tests=None,
+                 trusted=False) -> dict:
+    """Compare ``old_base..old_tip`` with ``new_base..new_tip`` in ``repo``.
+
+    ``upstream_range``: ``(old, new)`` upstream commits whose history is in ``repo`` (git pins);
+    without it, ``old_base..new_base`` is used when old_base is an ancestor of new_base.
+    ``hints``: what a bump knows: ``{"absorbed": {old commit: [upstream, how]}, "dropped":
+    [old commit], "notes": {new commit: note}}``. ``tests``: ``{new commit: {node id: outcome}}``.
+    ``trusted``: the ranges come from the tool itself (skip checking that bases precede tips).
+    """
+    repo = Path(repo)
+    revs = (old_base, old_tip, new_base, new_tip)
+    proc = git_proc("rev-parse", *(f"{r}^{{commit}}" for r in revs), cwd=repo)
+    resolved = proc.stdout.split()
+    if proc.returncode != 0 or len(resolved) != 4:
+        for rev in revs:
+            if not rev_parse(repo, rev):
+                raise RebaseError(f"{repo}: {rev!r} does not name a commit")
+        raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
+    old_base, old_tip, new_base, new_tip = resolved
+    for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
+        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
+            raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
+    hints = hints or {}
+    old = list_range(repo, old_base, old_tip)
+    new = list_range(repo, new_base, new_tip)
+    rd_pairs, rd_raw = range_diff_pairs(repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
+    if upstream_range is None and not (old_pin and new_pin) and old_base != new_base and git_proc(
+            "merge-base", "--is-ancestor", old_base, new_base, cwd=repo).returncode == 0:
+        upstream_range = (old_base, new_base)
+    stack_files = sorted({f.path for c in old + new for f in c.files}
+                         | {f.old_path for c in old + new for f in c.files})
+    upstream = upstream_commits(repo, *upstream_range, stack_files) if upstream_range else []
+
+    by_commit = {c.commit: i for i, c in enumerate(old)}
+    dropped = {by_commit[c] for c in hints.get("dropped", []) if c in by_commit}
+    absorbed = {}
+    for sha, (commit, how) in sorted(hints.get("absorbed", {}).items()):
+        if sha in by_commit:
+            absorbed[by_commit[sha]] = (commit, how)
+    rows_probe = classify(old, new, rd_pairs, absorbed, dropped)
+    for row in rows_probe:  # find absorption for old commits nobody claimed
+        if row.status != "dropped" or not row.old or by_commit[row.old[0].commit] in dropped:
+            continue
+        c = row.old[0]
+        commit, how = find_absorbing_commit(repo, c, upstream)
+        if commit:
+            absorbed[by_commit[c.commit]] = (commit, how)
+        elif reverse_applies(repo, new_base, c.diff):
+            absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
+    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
+
+    notes = hints.get("notes", {})
+    old_info = base_info(repo, old_base, old_pin, upstream_range[0] if upstream_range and old_pin else "")
+    new_info = base_info(repo, new_base, new_pin, upstream_range[1] if upstream_range and new_pin else "")
+    new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
+    tests = tests or {}
+    mapping = []
+    for row in rows:
+        entry = {
+            "status": row.status,
+            "old": [_ref(c) for c in row.old],
+            "new": [_ref(c) for c in row.new],
+            "old_numbers": [c.number for c in row.old],
+            "new_numbers": [c.number for c in row.new],
+            "note": "; ".join(row.notes + [notes[c.commit] for c in row.new if c.commit in notes]),
+            "files": {  # per commit of the row, in the order of "old"/"new": [path, added, removed]
+                "old": [[[f.path, f.added, f.removed] for f in c.files] for c in row.old],
+                "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
+            },
+        }
+        if row.upstream:
+            entry["upstream_commit"] = row.upstream
+        elif row.status == "absorbed":  # no history to search (sdist): say where it went
+            entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
+        if row.interdiff:
+            entry["interdiff"] = row.interdiff
+        results = {}
+        for c in row.new:
+            results.update(tests.get(c.commit, {}))
+        if results:
+            entry["tests"] = dict(sorted(results.items()))
+        mapping.append(entry)
+    counts = {s: 0 for s in STATUSES}
+    for entry in mapping:
+        counts[entry["status"]] += 1
+
+    churn = {"kind": "commits" if upstream_range else "files", "entries": []}
+    if upstream_range:
+        for c in upstream:
+            touched = sorted({f.path for f in c.files} & set(stack_files))
+            churn["entries"].append({"commit": c.commit, "subject": c.subject, "files": touched})
+    elif old_base != new_base:
+        out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
+            if stack_files else ""
+        for line in out.splitlines():
+            added, removed, path = line.split("\t", 2)
+            churn["entries"].append({"file": path, "added": added, "removed": removed})
+
+    return {
+        "schema": SCHEMA,
+        "old": {"base": old_info, "tip": old_tip, "count": len(old)},
+        "new": {"base": new_info, "tip": new_tip, "count": len(new)},
+        "counts": counts,
+        "mapping": mapping,
+        "upstream_churn": churn,
+        "tests_run": bool(tests),
+        "range_diff": rd_raw,
+    }
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_report(data: dict, md_path: Path, json_path: Path = None) -> None:
+    from tools.rebase.render import render_markdown
+
+    for path, text in ((md_path, render_markdown(data)), (json_path, dumps(data) if json_path else None)):
+        if path is None:
+            continue
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)

@@ -1,0 +1,97 @@
+"""Recorded conflict resolutions kept in the repo, next to the patches.
+
+git rerere remembers a resolution by the text of the conflict, in ``.git/rr-cache/<id>/``; that
+cache is local and expires. We keep a copy per patch in ``patches/resolutions/<Patch-Name>/<id>/``
+(``preimage*``/``postimage*`` files, byte for byte) and load it into the work repo's rr-cache before
+a bump, so the same conflict on any clone is resolved and staged without asking.
+"""
+
+import shutil
+from pathlib import Path
+
+from tools.rebase.gitcmd import git, git_proc
+
+RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
+
+
+def rr_cache(work: Path) -> Path:
+    return work / ".git" / "rr-cache"
+
+
+def _images(entry: Path) -> list:
+    return sorted(p for p in entry.iterdir() if p.is_file() and p.name.startswith(("preimage", "postimage")))
+
+
+def import_resolutions(store: Path, work: Path) -> int:
+    """Copy every recorded resolution in ``store`` into the work repo's rr-cache; return the count."""
+    if not store.is_dir():
+        return 0
+    cache = rr_cache(work)
+    count = 0
+    for patch_dir in sorted(p for p in store.iterdir() if p.is_dir()):
+        for entry in sorted(p for p in patch_dir.iterdir() if p.is_dir()):
+            target = cache / entry.name
+            target.mkdir(parents=True, exist_ok=True)
+            for image in _images(entry):
+                if not (target / image.name).exists():
+                    shutil.copyfile(image, target / image.name)
+            count += 1
+    return count
+
+
+def conflict_ids(work: Path) -> list:
+    """The rerere ids of the conflicts of the merge now in progress (from ``.git/MERGE_RR``)."""
+    merge_rr = work / ".git" / "MERGE_RR"
+    if not merge_rr.is_file():
+        return []
+    ids = []
+    for record in merge_rr.read_bytes().split(b"\0"):
+        if b"\t" in record:
+            ids.append(record.split(b"\t", 1)[0].decode())
+    return sorted(set(ids))
+
+
+def record(work: Path) -> None:
+    """Let rerere store the postimage of the resolved files (before committing)."""
+    git_proc(*RERERE_CONFIG, "rerere", cwd=work)
+
+
+def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> list:
+    """Copy the rr-cache entries ``ids`` that hold a resolution into ``store/patch_name``."""
+    written = []
+    for rid in ids:
+        entry = rr_cache(work) / rid
+        if not entry.is_dir() or not any(p.name.startswith("postimage") for p in entry.iterdir()):
+            continue
+        target = store / patch_name / rid
+        target.mkdir(parents=True, exist_ok=True)
+        for image in _images(entry):
+            data = image.read_bytes()
+            if not (target / image.name).is_file() or (target / image.name).read_bytes() != data:
+                (target / image.name).write_bytes(data)
+        written.append(rid)
+    return written
+
+
+def prune(store: Path, keep_names) -> None:
+    """Drop the resolutions of patches that are no longer in the series."""
+    if not store.is_dir():
+        return
+    for patch_dir in store.iterdir():
+        if patch_dir.is_dir() and patch_dir.name not in keep_names:
+            shutil.rmtree(patch_dir)
+    if not any(store.iterdir()):
+        store.rmdir()
+
+
+def forget_in_progress(work: Path) -> None:
+    git_proc(*RERERE_CONFIG, "rerere", "clear", cwd=work)
+
+
+def enable(work: Path) -> None:
+    """Turn rerere on in the work repo itself, so a commit the maintainer makes there records too."""
+    config = (work / ".git" / "config").read_text()
+    if "[rerere]\n\tenabled = true\n\tautoupdate = true\n" in config:
+        return
+    git("config", "rerere.enabled", "true", cwd=work)
+    git("config", "rerere.autoupdate", "true", cwd=work)
