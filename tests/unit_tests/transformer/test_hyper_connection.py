@@ -392,7 +392,8 @@ class TestHyperConnectionsBF16OnGPU:  # the lead runs these on the H200
             bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=False,
             num_residual_streams=4,
         )
-        model = build_gpt(cfg).cuda()
+        # Plain GPTModel (no Float16Module): cast every parameter, position embeddings included.
+        model = build_gpt(cfg).cuda().bfloat16()
         seen = {}
         model.mtp.register_forward_pre_hook(
             lambda m, a, kw: seen.update(ms=kw["mhc_multistream"]), with_kwargs=True
