@@ -80,7 +80,7 @@ def test_bump_real_stack_0_19_0_to_0_19_2(tmp_path, sdist_cache, monkeypatch):
     assert churn == {MTP}
     md = layout.report_md.read_text()
     assert "`megatron-core==0.19.0`" in md and f"sdist sha256 `{NEW_SHA256}`" in md
-    assert "| 2 | mtp-unpack-style | — | — | absorbed |" in md
+    assert "| 2 | — | `mtp-unpack-style` | mtp-unpack-style | absorbed |" in md
     apply(layout, log=quiet)
     info = (root / "megatron/core/package_info.py").read_text()
     assert "PATCH = 2" in info and "__version__ = '0.19.2+rl.3." in info

@@ -167,7 +167,7 @@ def test_report_is_byte_identical_and_cli_matches_library(tmp_path):
     write_report(build_report(repo, b0, old_tip, b1, new_tip), lib)
     assert lib.read_bytes() == outs[0][0]
     md = outs[0][0].decode()
-    assert "| 5 | absorbed-one | — | — | absorbed |" in md
+    assert "| 5 | — | `absorbed-one` | absorbed-one | absorbed |" in md
     assert md.count("\n| ") == len(data["mapping"]) + 1
     assert "## Upstream churn" in md and "```diff" in md
 
@@ -208,7 +208,10 @@ def test_absorbed_without_history_and_inside_a_bigger_upstream_commit(tmp_path):
     assert "upstream_commit" not in rows["taken"]
     assert rows["ours-only"]["status"] == "dropped"
     assert data["upstream_churn"]["kind"] == "files"
-    assert data["upstream_churn"]["entries"] == [{"file": "a.py", "added": "2", "removed": "2"}]
+    (entry,) = data["upstream_churn"]["entries"]
+    assert {k: entry[k] for k in ("file", "added", "removed")} == {"file": "a.py", "added": "2", "removed": "2"}
+    assert entry["patches"] == []  # the only patch touching a.py was absorbed: none left in the new stack
+    assert "+a line 10 taken" in entry["diff"] and "+a line 30 elsewhere" in entry["diff"]
     # Same, with history: upstream takes the change together with another hunk of the same file.
     sh("git", "checkout", "-q", "main", cwd=repo)
     big = commit(repo, {"a.py": lambda t: t.replace("a line 10\n", "a line 10 taken\n")

@@ -20,6 +20,7 @@ pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` the
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,16 +49,39 @@ def _no_hook(point, **info):
 
 # ---------------------------------------------------------------- tests
 
+_VERBOSE_LINE = re.compile(r"^(tests/\S+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
 def pytest_runner(layout, name: str, node_ids: list) -> dict:
-    """Run each node id with pytest in the checkout (``megatron/`` is the bumped tree)."""
+    """Run a patch's node ids in one pytest process (``megatron/`` is the bumped tree).
+
+    Each node id gets one outcome: ``failed`` if any test under it failed or errored,
+    ``skipped`` if all were skipped, ``not found`` if none ran, else ``passed`` (xfail counts).
+    """
+    if not node_ids:
+        return {}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", *node_ids],
+        cwd=layout.root, capture_output=True, text=True,
+    )
+    if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
+        out = {}
+        for node in node_ids:
+            out.update(pytest_runner(layout, name, [node]))
+        return out
+    ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
     results = {}
     for node in node_ids:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", node],
-            cwd=layout.root, capture_output=True, text=True,
-        )
-        results[node] = "passed" if proc.returncode == 0 else (
-            "not found" if proc.returncode in (4, 5) else "failed")
+        mine = [outcome for test, outcome in ran
+                if test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))]
+        if any(o in ("FAILED", "ERROR", "XPASS") for o in mine):
+            results[node] = "failed"
+        elif not mine:
+            results[node] = "not found" if proc.returncode in (0, 1, 4, 5) else "error"
+        elif all(o == "SKIPPED" for o in mine):
+            results[node] = "skipped"
+        else:
+            results[node] = "passed"
     return results
 
 
@@ -658,6 +682,11 @@ class Bump:
         patches = _export(layout, j["new_base"], j["tip"])
         self.hook("after-export")
         rr.prune(layout.resolutions, {p.name for p in patches})
+        from tools.rebase.listing import BEGIN, update_readme
+
+        readme = layout.root / "README.md"
+        if readme.is_file() and BEGIN in readme.read_text():
+            update_readme(layout)  # the patch table names the base; keep check green
         git("update-ref", "--stdin", cwd=work,
             input=f"update {LAST_OLD_REF} {j['old_tip']}\nupdate {LAST_NEW_REF} {j['tip']}\n")
         tests = {}

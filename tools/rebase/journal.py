@@ -42,6 +42,7 @@ def _saved_paths(layout):
         ("patches", layout.patches),
         ("REBASE_REPORT.md", layout.report_md),
         ("REBASE_REPORT.json", layout.report_json),
+        ("README.md", layout.root / "README.md"),
         ("state.json", layout.state_file),
         ("last-bump", last_bump_dir(layout)),
     ]

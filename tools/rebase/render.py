@@ -28,14 +28,29 @@ def _subjects(refs) -> str:
     return "<br>".join(_cell(r["subject"]) for r in refs) if refs else "—"
 
 
+def _subject_cell(entry) -> str:
+    """The subject once when both sides agree; old and new when the message changed."""
+    old, new = _subjects(entry["old"]), _subjects(entry["new"])
+    if not entry["old"] or not entry["new"] or old == new:
+        return new if entry["new"] else old
+    return f"old: {old}<br>new: {new}"
+
+
 def _tests_cell(entry) -> str:
     results = entry.get("tests")
     if not results:
         return "—"
-    failed = sorted(k for k, v in results.items() if v != "passed")
-    if not failed:
-        return f"passed ({len(results)})"
-    return f"FAILED {len(failed)}/{len(results)}"
+    outcomes = list(results.values())
+    bad = sum(1 for o in outcomes if o not in ("passed", "skipped"))
+    skipped = outcomes.count("skipped")
+    if bad:
+        return f"FAILED {bad}/{len(outcomes)}"
+    return f"passed ({outcomes.count('passed')})" + (f", skipped {skipped}" if skipped else "")
+
+
+def _by(entry) -> str:
+    numbers = entry.get("patches")
+    return f"; touched by patches {_nums(numbers)}" if numbers else ""
 
 
 def render_markdown(data: dict) -> str:
@@ -48,17 +63,30 @@ def render_markdown(data: dict) -> str:
     counts = data["counts"]
     shown = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
     out.append(f"- Statuses: {shown or 'no patches'}")
+    churn = data["upstream_churn"]
+    if "files_changed_upstream" in churn:
+        touched = len(churn["entries"])
+        what = (f"{touched} upstream commits touch files the stack touches" if churn["kind"] == "commits"
+                else f"{touched} of them are files the stack touches")
+        out.append(f"- Upstream: {churn['files_changed_upstream']} files changed between the bases; {what}")
+    out += ["", "## Review focus", ""]
+    review = data.get("review", [])
+    if review:
+        out += [f"- {item['patch']}: {_cell(item['why'])}" for item in review]
+    else:
+        out.append("Nothing to review: every patch re-applied unchanged and upstream did not touch "
+                   "the files the stack touches.")
     out += ["", "## Commit mapping", ""]
     tests = data.get("tests_run")
-    head = "| Old # | Old subject | New # | New subject | Status | Note |"
+    head = "| Old # | New # | Patch | Subject | Status | Note |"
     rule = "|---|---|---|---|---|---|"
     if tests:
         head += " Tests |"
         rule += "---|"
     out += [head, rule]
     for entry in data["mapping"]:
-        line = (f"| {_nums(entry['old_numbers'])} | {_subjects(entry['old'])} | "
-                f"{_nums(entry['new_numbers'])} | {_subjects(entry['new'])} | "
+        line = (f"| {_nums(entry['old_numbers'])} | {_nums(entry['new_numbers'])} | "
+                f"`{_cell(entry.get('patch_name') or '—')}` | {_subject_cell(entry)} | "
                 f"{entry['status']} | {_cell(entry['note'])} |")
         if tests:
             line += f" {_tests_cell(entry)} |"
@@ -78,10 +106,16 @@ def render_markdown(data: dict) -> str:
         if entry.get("upstream_commit"):
             out.append(f"Absorbing upstream commit: `{entry['upstream_commit']}`")
             out.append("")
-        for side in ("old", "new"):
-            for ref, number, files in zip(entry[side], entry[f"{side}_numbers"], entry["files"][side]):
-                listed = ", ".join(f"`{p}` (+{a}/-{r})" for p, a, r in files)
-                out.append(f"- {side} #{number} {_cell(ref['subject'])}: {listed}")
+        same_files = (len(entry["old"]) == len(entry["new"]) == 1
+                      and entry["files"]["old"] == entry["files"]["new"])
+        if same_files:
+            listed = ", ".join(f"`{p}` (+{a}/-{r})" for p, a, r in entry["files"]["new"][0])
+            out.append(f"- files (same on both sides): {listed}")
+        else:
+            for side in ("old", "new"):
+                for ref, number, files in zip(entry[side], entry[f"{side}_numbers"], entry["files"][side]):
+                    listed = ", ".join(f"`{p}` (+{a}/-{r})" for p, a, r in files)
+                    out.append(f"- {side} #{number} {_cell(ref['subject'])}: {listed}")
         if entry.get("interdiff"):
             out += ["", "Interdiff of the changed lines (`-`/`+` in column 1: line left/entered the patch):",
                     "", "```diff", entry["interdiff"], "```"]
@@ -91,7 +125,6 @@ def render_markdown(data: dict) -> str:
                 out.append(f"- test `{node}`: {outcome}")
         out.append("")
     out += ["## Upstream churn", ""]
-    churn = data["upstream_churn"]
     if not churn["entries"]:
         out.append("No upstream change touches the files the stack touches.")
     elif churn["kind"] == "commits":
@@ -99,11 +132,15 @@ def render_markdown(data: dict) -> str:
         out.append("")
         for c in churn["entries"]:
             files = ", ".join(f"`{p}`" for p in c["files"])
-            out.append(f"- `{c['commit'][:12]}` {_cell(c['subject'])} ({files})")
+            out.append(f"- `{c['commit'][:12]}` {_cell(c['subject'])} ({files}){_by(c)}")
     else:
         out.append("Files the stack touches that changed between the bases:")
         out.append("")
         for f in churn["entries"]:
-            out.append(f"- `{f['file']}` (+{f['added']}/-{f['removed']})")
+            out.append(f"- `{f['file']}` (+{f['added']}/-{f['removed']}){_by(f)}")
+            if f.get("diff"):
+                out += ["", "  <details><summary>upstream diff</summary>", "", "  ```diff"]
+                out += [f"  {line}".rstrip() for line in f["diff"].splitlines()]
+                out += ["  ```", "", "  </details>", ""]
     out += ["", "## Appendix: git range-diff --no-patch", "", "```", data["range_diff"].rstrip("\n"), "```", ""]
     return "\n".join(out)

@@ -17,6 +17,7 @@ from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
 
 SCHEMA = "fork-rebase-report/1"
+CHURN_DIFF_LINES = 120  # per file, in the sdist churn section
 
 
 def utc(ts: int) -> str:
@@ -133,6 +134,9 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             entry["upstream_commit"] = row.upstream
         elif row.status == "absorbed":  # no history to search (sdist): say where it went
             entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
+        named = row.new or row.old
+        entry["patch_name"] = named[0].name if named else ""
+        entry["upstream_status"] = _trailer(named[0], "Upstream-Status") if named else ""
         if row.interdiff:
             entry["interdiff"] = row.interdiff
         results = {}
@@ -146,16 +150,28 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         counts[entry["status"]] += 1
 
     churn = {"kind": "commits" if upstream_range else "files", "entries": []}
+    touching = _patches_by_file(new or old)
     if upstream_range:
         for c in upstream:
             touched = sorted({f.path for f in c.files} & set(stack_files))
-            churn["entries"].append({"commit": c.commit, "subject": c.subject, "files": touched})
+            churn["entries"].append({"commit": c.commit, "subject": c.subject, "files": touched,
+                                     "patches": _numbers_touching(touching, touched)})
     elif old_base != new_base:
         out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
             if stack_files else ""
         for line in out.splitlines():
             added, removed, path = line.split("\t", 2)
-            churn["entries"].append({"file": path, "added": added, "removed": removed})
+            diff = git("diff", "--no-renames", "-U2", old_base, new_base, "--", path, cwd=repo)
+            lines = diff.splitlines()
+            if len(lines) > CHURN_DIFF_LINES:
+                lines = lines[:CHURN_DIFF_LINES] + [f"... ({len(diff.splitlines()) - CHURN_DIFF_LINES} more lines)"]
+            churn["entries"].append({"file": path, "added": added, "removed": removed,
+                                     "patches": _numbers_touching(touching, [path]),
+                                     "diff": "\n".join(lines)})
+    if old_base != new_base:
+        churn["files_changed_upstream"] = len(
+            git("diff", "--name-only", "--no-renames", old_base, new_base, cwd=repo).split())
+    review = _review_focus(mapping, churn)
 
     return {
         "schema": SCHEMA,
@@ -164,9 +180,56 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "counts": counts,
         "mapping": mapping,
         "upstream_churn": churn,
+        "review": review,
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
+
+
+def _trailer(commit, key: str) -> str:
+    from tools.rebase.series import parse_trailers
+
+    values = parse_trailers(commit.message).get(key, [])
+    return values[0] if values else ""
+
+
+def _patches_by_file(commits: list) -> dict:
+    out = {}
+    for c in commits:
+        for f in c.files:
+            out.setdefault(f.path, set()).add(c.number)
+    return out
+
+
+def _numbers_touching(touching: dict, paths) -> list:
+    return sorted(set().union(*(touching.get(p, set()) for p in paths))) if paths else []
+
+
+def _review_focus(mapping: list, churn: dict) -> list:
+    """What a reviewer should read first, one line each, in stack order.
+
+    Text-level statuses miss semantic interactions: a patch that re-applied unchanged next to an
+    upstream change in the same file still deserves a look, so those are listed too.
+    """
+    files_of = {}
+    for e in churn["entries"]:
+        for n in e.get("patches", []):
+            files_of.setdefault(n, set()).update(e["files"] if "files" in e else [e["file"]])
+    focus = []
+    for e in mapping:
+        number = (e["new_numbers"] or e["old_numbers"] or [0])[0]
+        label = f"#{number} {e.get('patch_name') or (e['new'] or e['old'])[0]['subject']}"
+        changed = files_of.get(e["new_numbers"][0]) if e["new_numbers"] else None
+        upstream_note = ""
+        if changed:
+            files = ", ".join(f"`{f}`" for f in sorted(changed))
+            upstream_note = f"upstream changed {files}, which it also touches: check the interaction"
+        if e["status"] not in ("identical", "renumbered", "message-only"):
+            why = f"{e['status']}: {e['note']}" if e["note"] else e["status"]
+            focus.append({"patch": label, "why": f"{why}; {upstream_note}" if upstream_note else why})
+        elif upstream_note:
+            focus.append({"patch": label, "why": f"{e['status']}, but {upstream_note}"})
+    return focus
 
 
 def dumps(data: dict) -> str:
