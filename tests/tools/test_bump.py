@@ -424,3 +424,20 @@ def test_cli_stop_and_continue_exit_codes(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
     assert "bump done" in proc.stdout and "1 dropped" in proc.stdout
     assert load_pin(fork.layout.pin).ref == "v2"
+
+
+def test_report_names_the_old_stack_a_fresh_clone_builds(tmp_path, cache):
+    """Hand-made commits in the work repo (user committer) must not leak into the report."""
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)  # commits made by hand: committer and dates are the maintainer's
+    hand_tip = sh("git", "rev-parse", "HEAD", cwd=fork.work).strip()
+    clone = make_fork(tmp_path, name="clone")
+    shutil.rmtree(clone.layout.patches)
+    shutil.copytree(fork.layout.patches, clone.layout.patches)
+    apply(clone.layout, log=quiet)
+    fresh_tip = sh("git", "rev-parse", "HEAD", cwd=clone.work).strip()
+    assert fresh_tip != hand_tip
+    upstream_v2(fork)
+    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    assert data["old"]["tip"] == fresh_tip
+    assert f"Old stack: {len(STACK)} patches, tip `{fresh_tip}`" in fork.layout.report_md.read_text()

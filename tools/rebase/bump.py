@@ -316,14 +316,20 @@ class Bump:
         _ensure_applied(layout)  # work repo == patches/ (refuses unexported work)
         work = self.work
         old_base = import_base(work, layout.cache, old_pin)
-        old_tip = git("rev-parse", "HEAD", cwd=work).strip()
+        # Hand-made commits (amended, am'd with a user identity) get reproducible twins, so the
+        # report names the same old stack a fresh clone of patches/ would build; the maintainer's
+        # branch itself stays where it was (abort must find it unchanged).
+        old_head = git("rev-parse", "HEAD", cwd=work).strip()
+        old_tip = canonical_chain(work, old_base, old_head)
+        if old_tip != old_head:
+            git("reset", "-q", "--soft", old_head, cwd=work)
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
         names = [n for _, n, _ in described]
         self.j = jr.begin(layout, {
             "onto": spec, "phase": "replaying",
             "old_pin": old_pin.to_toml(), "new_pin": new_pin.to_toml(),
-            "old_base": old_base, "old_tip": old_tip, "commits": commits, "names": names,
+            "old_base": old_base, "old_tip": old_tip, "old_head": old_head, "commits": commits, "names": names,
             "dates": [d for _, _, d in described],
             "next": 0, "tip": None, "new_base": None, "outcomes": [], "stopped": None,
             "materialized": False, "tests": {},
@@ -390,7 +396,7 @@ class Bump:
         if (work / ".git" / "rebase-merge").is_dir():
             git_proc("rebase", "--quit", cwd=work)
         head = git("rev-parse", "HEAD", cwd=work).strip()
-        if head != j["tip"] and not (j["next"] == 0 and head == j["old_tip"]):
+        if head != j["tip"] and not (j["next"] == 0 and head in (j["old_tip"], j.get("old_head"))):
             if git_proc("merge-base", "--is-ancestor", j["tip"], head, cwd=work).returncode != 0:
                 raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
                                   f"({j['tip'][:12]}); run bump --abort")
