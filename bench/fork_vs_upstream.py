@@ -59,7 +59,8 @@ def fmt(v, spec):
 
 
 def table(rows):
-    head = f"{'scenario':34} {'impl':9} {'tok/s':>10} {'step ms':>9} {'peak GiB':>9} {'steady GiB':>10} {'ratio tok/s':>11} {'ratio peak':>10}"
+    head = (f"{'scenario':34} {'impl':9} {'tok/s':>10} {'step ms':>9} {'min-max ms':>13} {'peak GiB':>9} "
+            f"{'steady GiB':>10} {'ratio tok/s':>11} {'ratio peak':>10}")
     out = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -67,6 +68,7 @@ def table(rows):
             continue
         out.append(
             f"{r['scenario']:34} {r['impl']:9} {fmt(r['tokens_per_s'], '10.0f')} {fmt(r['step_ms'], '9.1f')} "
+            f"{fmt(r.get('step_ms_min'), '6.0f')}-{fmt(r.get('step_ms_max'), '<6.0f')} "
             f"{fmt(r['peak_gib'], '9.2f')} {fmt(r['steady_gib'], '10.2f')} "
             f"{fmt(r.get('ratio_tokens_per_s'), '11.3f')} {fmt(r.get('ratio_peak'), '10.3f')}"
         )

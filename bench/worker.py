@@ -121,6 +121,7 @@ def measure(args, scenario):
     times.sort()
     step_s = times[len(times) // 2]  # median: robust to one slow step
     result = {
+        "step_ms_min": 1000 * times[0], "step_ms_max": 1000 * times[-1],
         "impl": args["impl"], "scenario": args["scenario"],
         "step_ms": 1000 * step_s,
         "tokens_per_s": args["batch"] * args["seq"] / step_s,
