@@ -2,7 +2,7 @@
 
 The package is not committed: building first materializes it (pinned upstream + ``patches/``)
 with ``python -m tools.rebase apply``, which is a fast no-op when ``megatron/`` is current. The
-version is upstream's plus a PEP 440 local label naming the stack (e.g. ``0.19.0+rl.5.3f2a9c1d``),
+version is upstream's plus a PEP 440 local label naming the stack (e.g. ``0.19.2+rl.20.243f0da1``),
 so anything that depends on ``megatron-core`` resolves to the fork.
 """
 

@@ -11,6 +11,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _tests_cell(node_ids) -> str:
+    """Test files with the number of node ids named in each (the full list is in the patch)."""
+    per_file = {}
+    for node in node_ids:
+        path = node.split("::", 1)[0]
+        per_file[path] = per_file.get(path, 0) + 1
+    return "<br>".join(f"`{path}` ({n})" for path, n in per_file.items())
+
+
 def patch_table(layout) -> str:
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
@@ -20,7 +29,7 @@ def patch_table(layout) -> str:
         "|---|---|---|---|---|",
     ]
     for number, patch in enumerate(patches, start=1):
-        tests = "<br>".join(f"`{t}`" for t in patch.tests)
+        tests = _tests_cell(patch.tests)
         rows.append(
             f"| {number:04d} | `{patch.name}` | {_cell(patch.subject)} | "
             f"{_cell(patch.upstream_status)} | {tests} |"
