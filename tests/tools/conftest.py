@@ -1,32 +1,12 @@
 """Synthetic fork checkouts for tool tests: a tiny upstream git repo and a fork pinned to it."""
 
-import os
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.tools.bumpkit import sh  # noqa: F401  (re-exported for the tests)
 from tools.rebase.paths import Layout
-
-ENV = dict(
-    os.environ,
-    GIT_CONFIG_GLOBAL=os.devnull,
-    GIT_CONFIG_NOSYSTEM="1",
-    GIT_AUTHOR_NAME="Test Author",
-    GIT_AUTHOR_EMAIL="author@example.invalid",
-    GIT_COMMITTER_NAME="Test Author",
-    GIT_COMMITTER_EMAIL="author@example.invalid",
-    GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
-    GIT_COMMITTER_DATE="2026-01-01T00:00:00Z",
-)
-
-
-def sh(*args, cwd, env=None):
-    return subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=env or ENV, check=True, capture_output=True, text=True
-    ).stdout
-
 
 UPSTREAM_FILES = {
     "megatron/core/package_info.py": "MAJOR = 0\nMINOR = 42\nPATCH = 1\nPRE_RELEASE = ''\n__version__ = '0.42.1'\n",

@@ -29,13 +29,10 @@ from tests.unit_tests.transformer.mtp_testing import (
     is_zero_grad,
     mtp_only_backward,
     use_cpu_wgrad_accumulation,
+    DETACH_MODES,
 )
 
-MODES = {
-    "none": {},
-    "output_layer": {"mtp_detach_output_layer": True},
-    "heads": {"mtp_detach_heads": True},
-}
+MODES = DETACH_MODES
 
 
 def _deferring(config):

@@ -29,6 +29,15 @@ __all__ = [
 ]
 
 
+# How the MTP loss treats the output layer: live (upstream default), frozen head only (the fork's
+# mtp_detach_output_layer) or frozen head + embeddings + trunk (upstream's mtp_detach_heads).
+DETACH_MODES = {
+    "none": {},
+    "output_layer": {"mtp_detach_output_layer": True},
+    "heads": {"mtp_detach_heads": True},
+}
+
+
 def deterministic_config(**overrides):
     """``tiny_moe_mtp_config`` without dropout, so repeated forwards are identical."""
     values = dict(hidden_dropout=0.0, attention_dropout=0.0)

@@ -31,13 +31,10 @@ from tests.unit_tests.transformer.mtp_testing import (
     mtp_only_backward,
     tiny_moe_mtp_config,
     use_cpu_wgrad_accumulation,
+    DETACH_MODES,
 )
 
-MODES = {
-    "none": {},
-    "output_layer": {"mtp_detach_output_layer": True},
-    "heads": {"mtp_detach_heads": True},
-}
+MODES = DETACH_MODES
 
 
 def _config(mode, **overrides):
