@@ -30,6 +30,7 @@ from tests.unit_tests.transformer.mtp_testing import (
     mtp_only_backward,
     use_cpu_wgrad_accumulation,
     DETACH_MODES,
+    real_or_standin_wgrad_accumulation,
 )
 
 MODES = DETACH_MODES
@@ -213,11 +214,8 @@ class TestMTPHeadWithDeferredEmbeddingWgradGPU:
         Utils.destroy_model_parallel()
 
     @pytest.mark.parametrize("mode", ["output_layer", "heads"])
-    def test_deferred_step_matches_immediate_wgrad(self, mode):
-        from megatron.core.tensor_parallel import layers
-
-        if not layers._grad_accum_fusion_available:
-            pytest.skip("APEX fused_weight_gradient_mlp_cuda is not installed")
+    def test_deferred_step_matches_immediate_wgrad(self, monkeypatch, mode):
+        real_or_standin_wgrad_accumulation(monkeypatch)
         overrides = dict(gradient_accumulation_fusion=True, **MODES[mode])
         deferred = _build_deferring_model(deterministic_config(**overrides)).cuda()
         reference = build_model(deterministic_config(**overrides)).cuda()

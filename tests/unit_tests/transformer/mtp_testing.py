@@ -106,7 +106,8 @@ class CpuWgradAccumulation:
     """CPU stand-in for APEX's ``fused_weight_gradient_mlp_cuda`` (accumulates ``dY^T X``).
 
     Lets the gradient-accumulation-fusion code paths of ``tensor_parallel.layers`` and
-    ``drain_embedding_wgrad_compute`` run on CPU. GPU tests use the real extension.
+    ``drain_embedding_wgrad_compute`` run on CPU (and on GPUs without APEX, see
+    :func:`real_or_standin_wgrad_accumulation`).
     """
 
     @staticmethod
@@ -127,6 +128,20 @@ def use_cpu_wgrad_accumulation(monkeypatch):
         layers, "fused_weight_gradient_mlp_cuda", CpuWgradAccumulation, raising=False
     )
     monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", CpuWgradAccumulation)
+
+
+def real_or_standin_wgrad_accumulation(monkeypatch) -> str:
+    """GPU tests: APEX's accumulation kernel when installed, else the torch stand-in.
+
+    Everything else (CUDA tensors, the accumulation-fusion code paths, main_grad handling) is the
+    real thing either way; returns which kernel ran so the test can say so.
+    """
+    from megatron.core.tensor_parallel import layers
+
+    if layers._grad_accum_fusion_available:
+        return "apex"
+    use_cpu_wgrad_accumulation(monkeypatch)
+    return "torch stand-in"
 
 
 def attach_main_grads(model):

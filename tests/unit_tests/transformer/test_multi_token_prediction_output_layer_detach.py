@@ -32,6 +32,7 @@ from tests.unit_tests.transformer.mtp_testing import (
     tiny_moe_mtp_config,
     use_cpu_wgrad_accumulation,
     DETACH_MODES,
+    real_or_standin_wgrad_accumulation,
 )
 
 MODES = DETACH_MODES
@@ -331,12 +332,10 @@ class TestMTPDetachOutputLayerGradientAccumulationFusionGPU:
     @pytest.mark.parametrize("ce", ["native", "fused_native", "fused_te"])
     @pytest.mark.parametrize("mode", ["output_layer", "heads"])
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-    def test_isolation_with_gradient_accumulation_fusion(self, mode, tied, ce):
+    def test_isolation_with_gradient_accumulation_fusion(self, monkeypatch, mode, tied, ce):
         from megatron.core.extensions.transformer_engine import HAVE_TE
-        from megatron.core.tensor_parallel import layers
 
-        if not layers._grad_accum_fusion_available:
-            pytest.skip("APEX fused_weight_gradient_mlp_cuda is not installed")
+        real_or_standin_wgrad_accumulation(monkeypatch)
         if ce == "fused_te" and not HAVE_TE:
             pytest.skip("Transformer Engine is not installed")
         ce_config = dict(
