@@ -441,3 +441,20 @@ def test_report_names_the_old_stack_a_fresh_clone_builds(tmp_path, cache):
     data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
     assert data["old"]["tip"] == fresh_tip
     assert f"Old stack: {len(STACK)} patches, tip `{fresh_tip}`" in fork.layout.report_md.read_text()
+
+
+def test_apply_and_export_refuse_while_a_bump_is_stopped(tmp_path, cache):
+    from tools.rebase.workrepo import export
+
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    with pytest.raises(Stopped):
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    conflicted = (fork.work / B).read_text()
+    for operation in (apply, export):
+        with pytest.raises(RebaseError, match=r"a bump is in progress .*bump --continue.*bump --abort"):
+            operation(fork.layout, log=quiet)
+    assert (fork.work / B).read_text() == conflicted, "the half-resolved work must stay as it was"
+    bump_abort(fork.layout, log=quiet)
+    apply(fork.layout, log=quiet)  # allowed again once the bump is over

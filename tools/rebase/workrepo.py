@@ -19,6 +19,17 @@ SERIES_HEADER = [
 ]
 
 
+def refuse_during_bump(layout, what: str) -> None:
+    """A stopped or killed bump owns the work repo, the pin and patches/ until continued or aborted."""
+    from tools.rebase.journal import journal_path
+
+    if journal_path(layout).is_file():
+        raise RebaseError(
+            f"a bump is in progress ({journal_path(layout)}); {what} would undo it: finish it with "
+            f"`python -m tools.rebase bump --continue` or restore everything with `bump --abort`"
+        )
+
+
 def guard_work_repo(layout, state: dict) -> None:
     """Refuse when the work repo holds edits that are not yet in patches/."""
     work = layout.work
@@ -43,6 +54,7 @@ def stamp_version(layout, work_tree: Path, digest: str, count: int) -> str:
 
 
 def apply(layout, force: bool = False, log=print) -> str:
+    refuse_during_bump(layout, "apply")
     pin = load_pin(layout.pin)
     series, patches = load_stack(layout)
     digest = current_digest(layout, pin, series, patches)
@@ -73,6 +85,7 @@ def apply(layout, force: bool = False, log=print) -> str:
 
 def export(layout, log=print) -> bool:
     """Regenerate patches/ from base..HEAD of the work repo; return True if files changed."""
+    refuse_during_bump(layout, "export")
     pin = load_pin(layout.pin)
     work = layout.work
     if not (work / ".git").exists():
