@@ -138,10 +138,11 @@ def quiet(*_a, **_k):
     pass
 
 
-def make_fork(tmp_path: Path, name="fork") -> Fork:
+def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
+    """A fork checkout pinned to a synthetic git upstream (``files``, default UPSTREAM_FILES) at v1."""
     upstream = tmp_path / "upstream"
     if not upstream.exists():
-        init(upstream, UPSTREAM_FILES, "upstream v1")
+        init(upstream, files or UPSTREAM_FILES, "upstream v1")
         sh("git", "tag", "v1", cwd=upstream)
     sha = sh("git", "rev-parse", "v1", cwd=upstream).strip()
     root = tmp_path / name

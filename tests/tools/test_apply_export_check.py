@@ -23,8 +23,8 @@ def quiet(*_args, **_kwargs):
 
 def two_patch_stack(fork):
     apply(fork.layout, log=quiet)
-    fork.commit_patch("alpha-seven", {"megatron/core/alpha.py": lambda t: t.replace("return 7", "return 70")})
-    fork.commit_patch(
+    fork.add_patch("alpha-seven", {"megatron/core/alpha.py": lambda t: t.replace("return 7", "return 70")})
+    fork.add_patch(
         "beta-extra",
         {"megatron/core/beta.py": lambda t: t + "BETA_EXTRA = 'x'\n", "megatron/core/gamma.py": "G = 1\n"},
         subject="[core] beta: add an extra constant",
@@ -93,7 +93,7 @@ def test_export_refuses_uncommitted_changes_and_writes_nothing(fork):
 
 def test_apply_refuses_to_drop_unexported_commits(fork):
     two_patch_stack(fork)
-    fork.commit_patch("gamma-two", {"megatron/core/gamma.py": "G = 2\n"})
+    fork.add_patch("gamma-two", {"megatron/core/gamma.py": "G = 2\n"})
     with pytest.raises(RebaseError, match="export your commits first"):
         apply(fork.layout, log=quiet)
     assert (fork.work / "megatron/core/gamma.py").read_text() == "G = 2\n"
@@ -163,7 +163,7 @@ def test_check_catches_missing_series_file(fork):
 
 def test_check_catches_tests_trailer_naming_missing_test(fork):
     apply(fork.layout, log=quiet)
-    fork.commit_patch(
+    fork.add_patch(
         "alpha-seven",
         {"megatron/core/alpha.py": lambda t: t.replace("return 7", "return 70")},
         tests="tests/test_dummy.py::test_ok\n tests/test_dummy.py::test_gone\n tests/test_nowhere.py",

@@ -41,6 +41,20 @@ STACK = [
 ]
 
 
+
+def bump_stops(fork):
+    """Bump onto the synthetic v2, which must stop at a conflict; return the Stopped error."""
+    with pytest.raises(Stopped) as info:
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    return info.value
+
+
+def resolve_beta(fork, line):
+    """Resolve the conflict in beta.py by replacing the marked region with ``line`` and stage it."""
+    text = (fork.work / B).read_text()
+    (fork.work / B).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
+    sh("git", "add", B, cwd=fork.work)
+
 def upstream_v2(fork, conflict=False):
     """v2: context drift next to keep-alpha, takes 'upstreamed' inside a bigger commit, and
     (optionally) rewrites the line tweak-beta changes."""
@@ -144,12 +158,8 @@ def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache, monkeypat
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
     before_pin, before_patches = fork.layout.pin.read_bytes(), fork.patch_files()
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
-    text = (fork.work / B).read_text()
-    (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 both\n"
-                               + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=fork.work)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
     bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     after = fork.patch_files()
     # Another machine: the old pin and patches plus the committed resolutions, fresh work repo and cache.
@@ -172,12 +182,8 @@ def test_failing_tests_after_replayed_resolution_stop_the_bump(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
-    text = (fork.work / B).read_text()
-    (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 broken\n"
-                               + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=fork.work)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 broken")
     old_pin = fork.layout.pin.read_bytes()
     with pytest.raises(Stopped, match="tweak-beta: tests/test_dummy.py::test_ok: failed"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
@@ -192,8 +198,7 @@ def test_abort_restores_everything_exactly(tmp_path, cache):
     fork.layout.report_md.write_text("previous report\n")
     upstream_v2(fork, conflict=True)
     before = fork.snapshot()
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    bump_stops(fork)
     (fork.work / "scratch.txt").write_text("maintainer's half-done work\n")
     with pytest.raises(RebaseError, match="already in progress"):
         bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
@@ -208,8 +213,7 @@ def test_drop_on_purpose_is_not_absorbed(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     absorbing, _ = upstream_v2(fork, conflict=True)
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    bump_stops(fork)
     data = bump_continue(fork.layout, drop=True, log=quiet, test_runner=no_runner)
     rows = {(r["old"] or r["new"])[0]["subject"]: r for r in data["mapping"]}
     assert rows["tweak-beta"]["status"] == "dropped" and "on purpose" in rows["tweak-beta"]["note"]
@@ -340,12 +344,8 @@ def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache
     upstream_v2(fork, conflict=True)
     before = fork.snapshot()
     materialized = (fork.root / B).read_text()
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
-    text = (fork.work / B).read_text()
-    (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 broken\n"
-                               + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=fork.work)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 broken")
     with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     assert "beta line 5 broken" in (fork.root / B).read_text()  # tests ran against the bumped tree
@@ -449,8 +449,7 @@ def test_apply_and_export_refuse_while_a_bump_is_stopped(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
-    with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    bump_stops(fork)
     conflicted = (fork.work / B).read_text()
     for operation in (apply, export):
         with pytest.raises(RebaseError, match=r"a bump is in progress .*bump --continue.*bump --abort"):

@@ -226,63 +226,18 @@ def _ensure_applied(layout) -> None:
 
     state = read_state(layout)
     if (layout.work / ".git").exists() and state.get("tip"):
-        series, patches = load_stack(layout)
-        if state.get("digest") == current_digest(layout, load_pin(layout.pin), series, patches):
+        _, patches = load_stack(layout)
+        if state.get("digest") == current_digest(layout, patches):
             guard_work_repo(layout, state)  # clean, and HEAD is the stack last applied/exported
             return
     apply(layout, log=lambda *_: None)
 
 
-_MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-
-
-def _fast_export(work: Path, base: str, tip: str):
-    """``stack.export_range`` in two git calls (one format-patch stream, split per commit).
-
-    Returns None (caller falls back to ``export_range``, which also explains any problem) unless
-    every commit has a distinct valid Patch-Name and the stream splits into one file per commit.
-    """
-    from tools.rebase.series import SLUG
-    from tools.rebase.stack import FORMAT_PATCH_FLAGS
-
-    described = _describe(work, base, tip)
-    names = [n for _, n, _ in described]
-    if any(not SLUG.match(n) or len(n) == 12 and n == c[:12] for c, n, _ in described) or len(set(names)) != len(names):
-        return None
-    stream = git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=work, binary=True)
-    parts = stream.split(_MBOX_FROM)
-    if parts[0] != b"" or len(parts) - 1 != len(described):
-        return None
-    out = []
-    bodies = parts[1:]
-    for number, (name, body) in enumerate(zip(names, bodies), start=1):
-        if number < len(bodies):  # the stream separates messages with one blank line
-            if not body.endswith(b"\n\n"):
-                return None
-            body = body[:-1]
-        data = _MBOX_FROM + body
-        if not data.endswith(b"\n"):
-            data += b"\n"
-        out.append((f"{number:04d}-{name}.patch", data))
-    return out
-
-
 def _export(layout, base: str, tip: str) -> list:
     """Write patches/ (and the tool state) for base..tip; ``megatron/`` is left to ``apply``."""
-    from tools.rebase.series import load_stack, read_series, render_series
-    from tools.rebase.stack import export_range, write_patch_dir
-    from tools.rebase.state import current_digest, write_state
-    from tools.rebase.workrepo import SERIES_HEADER, stamp_version
+    from tools.rebase.workrepo import write_patches
 
-    files = _fast_export(layout.work, base, tip) or export_range(layout.work, base, tip)
-    old_series = read_series(layout.series) if layout.series.is_file() else None
-    write_patch_dir(layout.patches, files, render_series([n for n, _ in files], old_series, header=SERIES_HEADER))
-    series, patches = load_stack(layout)
-    pin = load_pin(layout.pin)
-    digest = current_digest(layout, pin, series, patches)
-    version = stamp_version(layout, layout.work, digest, len(patches))
-    write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
-    return patches
+    return write_patches(layout, load_pin(layout.pin), base, tip)[1]
 
 
 # ---------------------------------------------------------------- the bump

@@ -1,7 +1,5 @@
 """``check``: everything CI must know about the stack, collected into one list of problems."""
 
-import tempfile
-from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.pin import load_pin

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from tools.rebase.bump_cli import register as register_bump_and_report
 from tools.rebase.errors import RebaseError
 from tools.rebase.paths import layout as find_layout
 
@@ -58,21 +59,8 @@ def build_parser():
     p = sub.add_parser("list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
     p.set_defaults(func=_cmd_list)
-    for extra in _extra_commands():
-        extra(sub)
+    register_bump_and_report(sub)  # they live in bump_cli.py
     return parser
-
-
-def _extra_commands():
-    """Commands that live in their own modules (bump, report) register themselves here."""
-    out = []
-    try:
-        from tools.rebase.bump_cli import register as bump_register
-
-        out.append(bump_register)
-    except ImportError:
-        pass
-    return out
 
 
 def main(argv=None) -> int:

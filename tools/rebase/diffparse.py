@@ -40,9 +40,13 @@ class Commit:
     number: int = 0  # 1-based position in its stack
     patch_id: str = ""
 
+    def trailer(self, key: str) -> str:
+        """First value of trailer ``key`` in the message, or ""."""
+        return parse_trailers(self.message).get(key, [""])[0]
+
     @property
     def name(self) -> str:
-        return parse_trailers(self.message).get("Patch-Name", [""])[0]
+        return self.trailer("Patch-Name")
 
     @property
     def tests(self) -> list:

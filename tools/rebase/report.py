@@ -136,7 +136,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
         named = row.new or row.old
         entry["patch_name"] = named[0].name if named else ""
-        entry["upstream_status"] = _trailer(named[0], "Upstream-Status") if named else ""
+        entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
         if row.interdiff:
             entry["interdiff"] = row.interdiff
         results = {}
@@ -184,13 +184,6 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
-
-
-def _trailer(commit, key: str) -> str:
-    from tools.rebase.series import parse_trailers
-
-    values = parse_trailers(commit.message).get(key, [])
-    return values[0] if values else ""
 
 
 def _patches_by_file(commits: list) -> dict:

@@ -193,15 +193,3 @@ def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
         git("fetch", "-q", "--no-tags", str(mirror), f"+{commit}:refs/upstream-history/{commit}", cwd=work)
     git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=work)
     return commit
-
-
-def verify_pin(cache: Path, pin: Pin, work: Path | None = None) -> None:
-    """Raise unless the pinned source is reachable and matches its checksum / commit id."""
-    if pin.kind == "pypi":
-        fetch_verified_sdist(cache, pin)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            target = work if work and (work / ".git").exists() else Path(tmp)
-            if target == Path(tmp):
-                git("init", "-q", cwd=target)
-            fetch_git_commit(target, cache, pin.url, pin.commit)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
-from tools.rebase.series import FILE_NAME, SLUG, parse_trailers
+from tools.rebase.series import SLUG, parse_trailers
 
+MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
 FORMAT_PATCH_FLAGS = (
     "--zero-commit", "--no-signature", "--full-index", "--keep-subject", "--no-stat",
     "--no-notes", "--find-renames=50%", "--no-binary", "--stdout",
@@ -95,18 +96,18 @@ def export_range(repo: Path, base: str, tip: str) -> list:
         raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
     if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
         raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
-    commits = git("rev-list", "--reverse", f"{base}..{tip}", cwd=repo).split()
-    out, seen = [], {}
-    for number, commit in enumerate(commits, start=1):
-        message = commit_message(repo, commit)
+    log = git("log", "--reverse", "--format=%H%x00%B%x01", f"{base}..{tip}", cwd=repo)
+    commits = [entry.strip("\n").split("\x00", 1) for entry in log.split("\x01") if entry.strip()]
+    names, seen = [], {}
+    for commit, message in commits:
         subject = message.splitlines()[0] if message else ""
-        names = parse_trailers(message).get("Patch-Name", [])
-        if not names:
+        found = parse_trailers(message).get("Patch-Name", [])
+        if not found:
             raise RebaseError(
                 f"commit {commit[:12]} ({subject!r}) has no 'Patch-Name:' trailer; add one "
                 f"(git commit --amend) so its patch file keeps a stable name"
             )
-        name = names[0]
+        name = found[0]
         if not SLUG.match(name):
             raise RebaseError(
                 f"commit {commit[:12]} ({subject!r}): Patch-Name {name!r} must be lowercase "
@@ -115,9 +116,27 @@ def export_range(repo: Path, base: str, tip: str) -> list:
         if name in seen:
             raise RebaseError(f"commits {seen[name][:12]} and {commit[:12]} share Patch-Name {name!r}")
         seen[name] = commit
-        file_name = f"{number:04d}-{name}.patch"
-        assert FILE_NAME.match(file_name)
-        out.append((file_name, format_commit(repo, commit)))
+        names.append(name)
+    bodies = _format_range(repo, base, tip, len(commits)) or [format_commit(repo, c) for c, _ in commits]
+    return [(f"{number:04d}-{name}.patch", data)
+            for number, (name, data) in enumerate(zip(names, bodies), start=1)]
+
+
+def _format_range(repo: Path, base: str, tip: str, count: int):
+    """format-patch the whole range in one call and split it per commit (None if it does not split
+    into ``count`` messages, e.g. a message quoting a From line: then format commit by commit)."""
+    stream = git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=repo, binary=True)
+    parts = stream.split(MBOX_FROM)
+    if parts[0] != b"" or len(parts) - 1 != count:
+        return None
+    out = []
+    for number, body in enumerate(parts[1:], start=1):
+        if number < count:  # the stream separates messages with one blank line
+            if not body.endswith(b"\n\n"):
+                return None
+            body = body[:-1]
+        data = MBOX_FROM + body
+        out.append(data if data.endswith(b"\n") else data + b"\n")
     return out
 
 

@@ -3,8 +3,6 @@
 import json
 import os
 
-from tools.rebase.pin import Pin
-
 
 def read_state(layout) -> dict:
     try:
@@ -20,7 +18,8 @@ def write_state(layout, **values) -> None:
     os.replace(tmp, layout.state_file)
 
 
-def current_digest(layout, pin: Pin, series, patches) -> str:
+def current_digest(layout, patches) -> str:
+    """Digest of what apply builds from: the pin, the series and every patch file, in order."""
     from tools.rebase.stack import stack_digest
 
     return stack_digest(

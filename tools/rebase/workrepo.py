@@ -56,8 +56,8 @@ def stamp_version(layout, work_tree: Path, digest: str, count: int) -> str:
 def apply(layout, force: bool = False, log=print) -> str:
     refuse_during_bump(layout, "apply")
     pin = load_pin(layout.pin)
-    series, patches = load_stack(layout)
-    digest = current_digest(layout, pin, series, patches)
+    _, patches = load_stack(layout)
+    digest = current_digest(layout, patches)
     state = read_state(layout)
     work = layout.work
     if not force:
@@ -97,15 +97,25 @@ def export(layout, log=print) -> bool:
         )
     base = import_base(work, layout.cache, pin)
     tip = rev_parse(work, "HEAD")
-    files = export_range(work, base, tip)
+    changed, patches, version = write_patches(layout, pin, base, tip)
+    git("checkout", "-q", "-B", BRANCH, tip, cwd=work)
+    materialize(work, layout.package, version)
+    log(f"exported {len(patches)} patches to {layout.patches}" + ("" if changed else " (no changes)"))
+    return changed
+
+
+def write_patches(layout, pin, base: str, tip: str):
+    """Write patches/ (keeping series comments) and the tool state for base..tip of the work repo.
+
+    Returns (whether any file changed, the parsed patches, the fork version they stamp). Shared by
+    export and bump; materializing megatron/ is the caller's choice.
+    """
+    files = export_range(layout.work, base, tip)
     old_series = read_series(layout.series) if layout.series.is_file() else None
     series_text = render_series([n for n, _ in files], old_series, header=SERIES_HEADER)
     changed = write_patch_dir(layout.patches, files, series_text)
-    series, patches = load_stack(layout)
-    digest = current_digest(layout, pin, series, patches)
-    version = stamp_version(layout, work, digest, len(patches))
-    git("checkout", "-q", "-B", BRANCH, tip, cwd=work)
-    materialize(work, layout.package, version)
+    _, patches = load_stack(layout)
+    digest = current_digest(layout, patches)
+    version = stamp_version(layout, layout.work, digest, len(patches))
     write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
-    log(f"exported {len(files)} patches to {layout.patches}" + ("" if changed else " (no changes)"))
-    return changed
+    return changed, patches, version
