@@ -18,9 +18,28 @@ ROOT = Path(__file__).resolve().parent
 STAMP = re.compile(r"^__version__ = '([^']+)'$", re.M)
 
 
+def building_from_sdist() -> bool:
+    """True inside an unpacked sdist: it already holds the patched megatron/ and no patch stack."""
+    return (ROOT / "PKG-INFO").is_file() and not (ROOT / "patches").is_dir()
+
+
 def materialize() -> None:
+    if building_from_sdist():
+        if not (ROOT / "megatron" / "core").is_dir():
+            sys.exit("this sdist has no megatron/core: it was not built from a materialized checkout")
+        return
     if os.environ.get("MEGATRON_FORK_SKIP_APPLY") == "1" and (ROOT / "megatron").is_dir():
         return
+    cache = os.environ.get("FORK_REBASE_CACHE", str(ROOT / ".rebase" / "cache"))
+    # pip hides a build backend's output unless it fails, so this line is for `pip install -v`
+    # and for build tools that show it (python -m build does).
+    print(
+        f"megatron-core RL fork: materializing megatron/ = upstream pin ({ROOT / 'upstream.toml'}) "
+        f"+ patches/; the upstream sdist (about 2 MB) is downloaded once into {cache} "
+        f"(set FORK_REBASE_CACHE to share or pre-seed it)",
+        file=sys.stderr,
+        flush=True,
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "tools.rebase", "apply"], cwd=ROOT, env=env)
     if proc.returncode != 0:
@@ -45,8 +64,11 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause AND Apache-2.0",
     python_requires=">=3.11",
-    packages=find_namespace_packages(include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*"]),
-    package_data={"megatron.core": ["requirements.txt", "README.md"]},
+    packages=find_namespace_packages(
+        include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*", "tools", "tools.rebase"]
+    ),
+    package_data={"megatron.core": ["requirements.txt", "README.md"], "tools.rebase": ["gitattributes"]},
+    entry_points={"console_scripts": ["megatron-rebase = tools.rebase.launch:main"]},
     include_package_data=False,
     install_requires=[
         "torch>=2.6.0",

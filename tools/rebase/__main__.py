@@ -1,5 +1,5 @@
 import sys
 
-from tools.rebase.cli import main
+from tools.rebase.launch import main
 
 sys.exit(main())
