@@ -7,12 +7,13 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.helptext import add_command
 
 _RANGE = re.compile(r"^(?P<base>[^.\s][^\s]*?)\.\.(?P<tip>[^.\s][^\s]*)$")
 
 
 def register(sub):
-    p = sub.add_parser("bump", help="move the stack onto a new upstream (pypi:NAME==VER or git:URL@ref)")
+    p = add_command(sub, "bump", help="move the stack onto a new upstream (pypi:NAME==VER or git:URL@ref)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--onto", metavar="SPEC", help="pypi:megatron-core==X or git:URL-or-path@ref")
     g.add_argument("--continue", dest="cont", action="store_true", help="resume a stopped or interrupted bump")
@@ -23,7 +24,7 @@ def register(sub):
                    help="do not re-run the Tests: of patches whose conflicts were resolved")
     p.set_defaults(func=_cmd_bump)
 
-    p = sub.add_parser("report", help="regenerate REBASE_REPORT.md/.json (last bump, or any two stacks)")
+    p = add_command(sub, "report", help="regenerate REBASE_REPORT.md/.json (last bump, or any two stacks)")
     p.add_argument("--repo", help="compare two git ranges of this repository (a plain branch stack works)")
     p.add_argument("--old", help="BASE..TIP with --repo; else a commit of this checkout (its patches/ state)")
     p.add_argument("--new", help="BASE..TIP with --repo; else a commit of this checkout (default: working tree)")

@@ -60,6 +60,16 @@ def lint_series(layout):
     return problems, parsed, series
 
 
+def warn_unexported(layout, log) -> None:
+    from tools.rebase.workrepo import unexported_commits
+
+    pending = unexported_commits(layout)
+    if pending:
+        shown = "\n  ".join(f"{sha[:12]} {subject}" for sha, subject in pending[:10])
+        log(f"warning: {layout.work} has {len(pending)} commit(s) never exported to patches/ "
+            f"(check verifies patches/ only):\n  {shown}\nRun `python -m tools.rebase export` to keep them.")
+
+
 def check(layout, log=print) -> list:
     """Return the list of problems (empty means the stack is healthy)."""
     problems = []
@@ -72,6 +82,7 @@ def check(layout, log=print) -> list:
     except RebaseError as exc:
         return [f"upstream pin: {exc}"]
     log(f"pin ok: {pin.display}")
+    warn_unexported(layout, log)
     lint_problems, parsed, series = lint_series(layout)
     problems += lint_problems
     if lint_problems:

@@ -5,6 +5,7 @@ import sys
 
 from tools.rebase.bump_cli import register as register_bump_and_report
 from tools.rebase.errors import RebaseError
+from tools.rebase.helptext import add_command
 from tools.rebase.paths import layout as find_layout
 
 
@@ -49,14 +50,14 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__)
     parser.add_argument("-C", dest="directory", help="run as if started in this directory")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("apply", help="build the work repo (base + one commit per patch) and megatron/")
+    p = add_command(sub, "apply", help="build the work repo (base + one commit per patch) and megatron/")
     p.add_argument("--force", action="store_true", help="discard unexported work-repo edits and local edits in megatron/")
     p.set_defaults(func=_cmd_apply)
-    p = sub.add_parser("export", help="regenerate patches/ from the work repo's commits")
+    p = add_command(sub, "export", help="regenerate patches/ from the work repo's commits")
     p.set_defaults(func=_cmd_export)
-    p = sub.add_parser("check", help="verify pin, series, strict apply, export equality and Tests: trailers")
+    p = add_command(sub, "check", help="verify pin, series, strict apply, export equality and Tests: trailers")
     p.set_defaults(func=_cmd_check)
-    p = sub.add_parser("list", help="print the patch table (Markdown)")
+    p = add_command(sub, "list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
     p.set_defaults(func=_cmd_list)
     register_bump_and_report(sub)  # they live in bump_cli.py

@@ -48,6 +48,23 @@ def guard_work_repo(layout, state: dict) -> None:
         )
 
 
+def unexported_commits(layout) -> list:
+    """``(id, subject)`` of work-repo commits past the stack last applied or exported.
+
+    They are a maintainer's edits that ``patches/`` does not hold yet; ``check`` verifies
+    ``patches/`` only, so it warns about them rather than passing in silence.
+    """
+    work = layout.work
+    tip = read_state(layout).get("tip")
+    if not tip or not (work / ".git").exists():
+        return []
+    head = rev_parse(work, "HEAD")
+    if not head or head == tip:
+        return []
+    out = git("log", "--format=%H %s", f"{tip}..{head}", "--", cwd=work, check=False)
+    return [tuple(line.split(" ", 1)) if " " in line else (line, "") for line in out.splitlines() if line]
+
+
 def stamp_version(layout, work_tree: Path, digest: str, count: int) -> str:
     base = upstream_version(work_tree / "megatron" / "core" / "package_info.py")
     return fork_version(base, count, digest)

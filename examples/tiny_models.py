@@ -1,0 +1,49 @@
+"""Tiny GPT + MoE (+ MTP) models and token batches shared by the examples (CPU-sized)."""
+
+import torch
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+from megatron.core.transformer import TransformerConfig
+
+SEQ_LEN, BATCH, VOCAB = 32, 4, 128
+
+
+def moe_config(**overrides) -> TransformerConfig:
+    """Two decoder layers with 4 experts (top-2) and one MTP layer, fp32, dropout off."""
+    fields = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_token_dispatcher_type="allgather",
+        mtp_num_layers=1,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+    )
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+
+def gpt(config: TransformerConfig, with_mtp: bool = True) -> GPTModel:
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
+    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if with_mtp else None
+    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp_spec)
+
+
+def token_batch(seed: int = 0):
+    """Random tokens with positions and a causal mask: the inputs GPTModel.forward takes."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN), generator=gen)
+    positions = torch.arange(SEQ_LEN).expand(BATCH, SEQ_LEN)
+    causal_mask = torch.triu(torch.ones(SEQ_LEN, SEQ_LEN), diagonal=1).bool()[None, None]
+    return tokens, positions, causal_mask
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) for every position but the last: [batch, seq-1]."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)

@@ -1,0 +1,64 @@
+"""What each subcommand does, what it writes and how long it takes: the ``--help`` descriptions.
+
+Kept in one table so that a new subcommand cannot ship without saying what it changes on disk.
+"""
+
+import argparse
+import textwrap
+
+_COMMANDS = {
+    "apply": (
+        "Import the pinned upstream base (download once, verify its sha256), build .rebase/work as "
+        "the base plus one commit per patch, and materialize the patched megatron/ package. A no-op "
+        "when nothing changed; refuses to drop unexported work-repo commits or hand edits in "
+        "megatron/ unless --force.",
+        "megatron/, .rebase/ (work repo, cache, state).",
+        "about 30 s from scratch (plus the first download of about 2 MB); under a second when current.",
+    ),
+    "export": (
+        "Regenerate patches/ (one NNNN-name.patch per work-repo commit, and series) from "
+        ".rebase/work, hermetically, so an unchanged stack exports byte-identically.",
+        "patches/ and .rebase/state.json.",
+        "a few seconds.",
+    ),
+    "check": (
+        "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
+        "the committed patches, every Tests: id exists, README patch table current. Warns about "
+        "work-repo commits that were never exported.",
+        "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
+        "about 30 s from scratch; a few seconds when the base is cached.",
+    ),
+    "list": (
+        "Print the patch table (Markdown) that the README carries.",
+        "nothing, or README.md with --update-readme.",
+        "under a second.",
+    ),
+    "bump": (
+        "Move the stack onto a new upstream: replay every patch with 3-way merges and recorded "
+        "resolutions, drop absorbed patches, then update the pin, export patches/ and write the "
+        "range-diff review report. Stops on a conflict for you to resolve (--continue, --drop, "
+        "--abort restore everything exactly).",
+        "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, .rebase/.",
+        "tens of seconds for an sdist bump; a git bump also imports upstream history (longer the "
+        "first time); re-running Tests: of resolved patches adds their test time.",
+    ),
+    "report": (
+        "Regenerate the review report of the last bump, or compare two stacks (--repo with git "
+        "ranges, or --old/--new commits of this checkout's patches/).",
+        "REBASE_REPORT.md/.json for the last bump; ad-hoc comparisons go to --output/--json.",
+        "a few seconds; --run-tests adds the patches' test time.",
+    ),
+}
+
+
+def describe(command: str) -> str:
+    """The ``description`` of ``command``'s parser: what it does, then Writes: and Takes:."""
+    does, writes, takes = _COMMANDS[command]
+    paragraphs = (does, f"Writes: {writes}", f"Takes: {takes}")
+    return "\n\n".join(textwrap.fill(text, width=78) for text in paragraphs)
+
+
+def add_command(sub, name: str, help: str):
+    """``sub.add_parser`` with the command's description, paragraphs kept as written."""
+    return sub.add_parser(name, help=help, description=describe(name),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
