@@ -82,7 +82,7 @@ setup(
     extras_require={
         "te": ["transformer-engine[pytorch]"],
         "flash-attn": ["flash-attn"],
-        "dev": ["pytest", "git-filter-repo", "psutil"],
+        "dev": ["pytest", "git-filter-repo", "psutil", "build", "setuptools>=69", "wheel"],
     },
     zip_safe=False,
 )
