@@ -54,7 +54,7 @@ def am_one(tree: Path, patch: Path, three_way: bool) -> str:
     proc = git_proc(*args, str(patch), cwd=tree)
     after = rev_parse(tree, "HEAD")
     if proc.returncode != 0:
-        detail = (proc.stdout + proc.stderr).strip()
+        detail = _am_detail(proc.stdout + proc.stderr)
         git_proc("am", "--abort", cwd=tree)
         mode = "with a 3-way merge" if three_way else "exactly (no fuzz, no 3-way merge)"
         raise RebaseError(f"{patch.name} does not apply {mode}:\n{detail}")
@@ -64,6 +64,17 @@ def am_one(tree: Path, patch: Path, three_way: bool) -> str:
             f"(git said: {(proc.stdout + proc.stderr).strip() or 'nothing'})"
         )
     return after
+
+
+_AM_RESUME_ADVICE = ("hint:", "When you have resolved this problem", "If you prefer to skip this patch",
+                     "To restore the original branch", "Use 'git am --show-current-patch")
+
+
+def _am_detail(output: str) -> str:
+    """git am's diagnosis without its resume advice: that names a scratch worktree which is gone
+    by the time the user reads it."""
+    lines = [line for line in output.strip().splitlines() if not line.lstrip().startswith(_AM_RESUME_ADVICE)]
+    return "\n".join(lines).strip() or "(git am gave no reason)"
 
 
 def build(work: Path, base: str, patches: list, three_way: bool = True) -> list:
