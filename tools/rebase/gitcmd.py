@@ -20,11 +20,10 @@ _PINNED_CONFIG = {
     "core.autocrlf": "false",
     "core.attributesFile": str(_ATTRIBUTES),
     "core.quotePath": "true",
-    # Files and programs git would otherwise pick up from the user's home or the repo's config:
-    # a personal ignore file hides untracked work from the clean checks, hooks and fsmonitor run
-    # programs, and remote helpers like ext:: run commands named in a URL.
+    # Files and programs git would otherwise pick up from the user's home: a personal ignore file
+    # hides untracked work from the clean checks, fsmonitor runs a program, and remote helpers like
+    # ext:: run commands named in a URL. (Hooks of the tool's own work repo stay: tests use them.)
     "core.excludesFile": os.devnull,
-    "core.hooksPath": os.devnull,
     "core.fsmonitor": "false",
     "protocol.ext.allow": "never",
     "protocol.fd.allow": "never",

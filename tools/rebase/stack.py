@@ -107,6 +107,7 @@ def export_range(repo: Path, base: str, tip: str) -> list:
         raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
     if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
         raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
+    _refuse_symlinks(repo, base, tip)
     log = git("log", "--reverse", "--format=%H%x00%B%x01", f"{base}..{tip}", cwd=repo)
     commits = [entry.strip("\n").split("\x00", 1) for entry in log.split("\x01") if entry.strip()]
     names, seen = [], {}
@@ -131,6 +132,18 @@ def export_range(repo: Path, base: str, tip: str) -> list:
     bodies = _format_range(repo, base, tip, len(commits)) or [format_commit(repo, c) for c, _ in commits]
     return [(f"{number:04d}-{name}.patch", data)
             for number, (name, data) in enumerate(zip(names, bodies), start=1)]
+
+
+def _refuse_symlinks(repo: Path, base: str, tip: str) -> None:
+    """A commit that adds or changes a symlink cannot become a patch (the package has none)."""
+    out = git("log", "--no-renames", "--raw", "--no-abbrev", "--format=commit %H", f"{base}..{tip}", cwd=repo)
+    commit = ""
+    for line in out.splitlines():
+        if line.startswith("commit "):
+            commit = line[7:]
+        elif line.startswith(":") and line.split(" ", 2)[1] == "120000":
+            raise RebaseError(f"commit {commit[:12]} adds a symlink, {line.split(chr(9), 1)[1]!r}; the "
+                              f"package must not contain symlinks: replace it with a file. Nothing was written.")
 
 
 def _format_range(repo: Path, base: str, tip: str, count: int):
