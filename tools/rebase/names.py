@@ -44,7 +44,7 @@ def not_an_option(value, field: str, where: str) -> str:
 def path_component(value, field: str, where: str, pattern=None) -> str:
     """A string used as one file or directory name: no separators, no '..', no leading '-'."""
     not_an_option(value, field, where)
-    if "/" in value or "\\" in value or value in (".", "..") or ".." in value:
+    if "/" in value or "\\" in value or value == "." or ".." in value:
         raise RebaseError(f"{where}: {field} {value!r} must be a plain name (no '/', '\\' or '..')")
     if pattern is not None and not pattern.match(value):
         raise RebaseError(f"{where}: {field} {value!r} must match {pattern.pattern}")
