@@ -99,7 +99,7 @@ def test_fetch_ends_options_even_if_validation_is_bypassed(fork, tmp_path, monke
     with pytest.raises(RebaseError, match="could not fetch"):
         source.resolve_git_ref(tmp_path / "cache", _injection_url(marker, fork.upstream), "main")
     with pytest.raises(RebaseError, match="could not fetch"):
-        source.fetch_git_commit(fork.work if fork.work.exists() else _new_repo(tmp_path), tmp_path / "cache",
+        source.fetch_git_commit(_new_repo(tmp_path), tmp_path / "cache",
                                 _injection_url(marker, fork.upstream), "0" * 40)
     assert not marker.exists()
 
