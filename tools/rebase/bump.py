@@ -58,19 +58,23 @@ def pytest_runner(layout, name: str, node_ids: list) -> dict:
     Each node id gets one outcome: ``failed`` if any test under it failed or errored,
     ``skipped`` if all were skipped, ``not found`` if none ran, else ``passed`` (xfail counts).
     """
+    from tools.rebase.testids import invalid_test_id
+
+    refused = {n: f"refused: {invalid_test_id(n)}" for n in node_ids if invalid_test_id(n)}
+    node_ids = [n for n in node_ids if n not in refused]
     if not node_ids:
-        return {}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", *node_ids],
+        return refused
+    proc = subprocess.run(  # "--": an id is never read as an option
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "--", *node_ids],
         cwd=layout.root, capture_output=True, text=True,
     )
     if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
-        out = {}
+        out = dict(refused)
         for node in node_ids:
             out.update(pytest_runner(layout, name, [node]))
         return out
     ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
-    results = {}
+    results = dict(refused)
     for node in node_ids:
         mine = [outcome for test, outcome in ran
                 if test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))]

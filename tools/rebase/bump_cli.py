@@ -57,6 +57,9 @@ def _split_range(value, flag):
     m = _RANGE.match(value or "")
     if not m:
         raise RebaseError(f"{flag} {value!r}: expected BASE..TIP (two revisions of the --repo repository)")
+    for rev in (m["base"], m["tip"]):
+        if rev.startswith("-"):
+            raise RebaseError(f"{flag} {value!r}: revision {rev!r} starts with '-' (it would be read as a git option)")
     return m["base"], m["tip"]
 
 
@@ -86,6 +89,8 @@ def _cmd_report(args, lay):
         if not args.output:
             raise RebaseError("--repo needs --output FILE.md (and optionally --json FILE.json)")
         repo = Path(args.repo).resolve()
+        if not repo.is_dir():
+            raise RebaseError(f"--repo {args.repo}: no such directory")
         ob, ot = _split_range(args.old, "--old")
         nb, nt = _split_range(args.new, "--new")
         data = build_report(repo, ob, ot, nb, nt)
@@ -143,8 +148,10 @@ def _stack_at(lay, rev):
         paths = [p.path for p in patches]
         tmp = None
     else:
-        if git_proc("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=lay.root).returncode != 0:
+        proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=lay.root)
+        if proc.returncode != 0:
             raise RebaseError(f"{rev!r} is not a commit of the checkout {lay.root}")
+        rev = proc.stdout.strip()  # a commit id from here on: nothing user-typed reaches git again
         tmp = tempfile.TemporaryDirectory()
         root = Path(tmp.name)
         (root / "patches").mkdir()

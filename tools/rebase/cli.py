@@ -72,3 +72,6 @@ def main(argv=None) -> int:
     except RebaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a missing, unreadable or dangling file: name it instead of a traceback
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2

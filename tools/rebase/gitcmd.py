@@ -20,6 +20,13 @@ _PINNED_CONFIG = {
     "core.autocrlf": "false",
     "core.attributesFile": str(_ATTRIBUTES),
     "core.quotePath": "true",
+    # Files and programs git would otherwise pick up from the user's home: a personal ignore file
+    # hides untracked work from the clean checks, fsmonitor runs a program, and remote helpers like
+    # ext:: run commands named in a URL. (Hooks of the tool's own work repo stay: tests use them.)
+    "core.excludesFile": os.devnull,
+    "core.fsmonitor": "false",
+    "protocol.ext.allow": "never",
+    "protocol.fd.allow": "never",
     "diff.noprefix": "false",
     "diff.mnemonicPrefix": "false",
     "diff.algorithm": "myers",
@@ -102,7 +109,7 @@ class GitFailed(RebaseError):
 
 
 def rev_parse(repo, rev):
-    proc = git_proc("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=repo)
+    proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=repo)
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 

@@ -40,16 +40,35 @@ def fork_version(base_version: str, patch_count: int, stack_digest: str) -> str:
 
 
 def _hash_tree(root: Path) -> dict:
+    """``{relative path: sha256}``; a symlink (never followed) is recorded by its target."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
+        for name in sorted(filenames) + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
             if name == MANIFEST or name.endswith((".pyc", ".so")):
                 continue
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
-            out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
+            if full.is_symlink():
+                out[rel] = f"symlink -> {os.readlink(full)}"
+            else:
+                out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
     return out
+
+
+def refuse_symlinks(tree: Path) -> None:
+    """Megatron ships no symlinks; one in the patched tree would copy an outside file (or loop)
+    into the package, so it is an error naming the link."""
+    if tree.is_symlink():
+        raise RebaseError(f"{tree}: is a symlink (to {os.readlink(tree)!r}); nothing was materialized")
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in sorted(dirnames + filenames):
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                raise RebaseError(
+                    f"{full}: is a symlink (to {os.readlink(full)!r}); the package must not contain "
+                    f"symlinks (a patch or the upstream base added it); nothing was materialized"
+                )
 
 
 def local_edits(target: Path) -> list:
@@ -59,7 +78,12 @@ def local_edits(target: Path) -> list:
         return []
     if not manifest_path.is_file():
         return ["(no manifest: this megatron/ was not written by tools.rebase)"]
-    recorded = json.loads(manifest_path.read_text())
+    try:
+        recorded = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return [f"(the manifest {MANIFEST} is corrupt: {exc}; cannot tell which files were edited)"]
+    if not isinstance(recorded, dict):
+        return [f"(the manifest {MANIFEST} is corrupt: not a JSON object)"]
     current = _hash_tree(target)
     changed = [p for p in sorted(set(recorded) | set(current)) if recorded.get(p) != current.get(p)]
     return changed
@@ -77,10 +101,11 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
             f"{target} has local edits that would be overwritten:\n  {shown}\n"
             f"Edit the work repo (.rebase/work) and export instead, or pass --force to discard them."
         )
+    refuse_symlinks(source)
     staging = target.with_name(target.name + ".tmp-materialize")
     if staging.exists():
         shutil.rmtree(staging)
-    shutil.copytree(source, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(source, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     info = staging / VERSION_FILE
     info.write_text(info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
     manifest = _hash_tree(staging)

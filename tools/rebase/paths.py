@@ -11,13 +11,16 @@ PIN_FILE = "upstream.toml"
 
 def find_root(start=None) -> Path:
     """Walk up from ``start`` (default: cwd) to the checkout root holding the pin file."""
+    if start is not None and not Path(start).is_dir():
+        raise RebaseError(f"-C {start}: no such directory")
     here = Path(start or os.getcwd()).resolve()
     for candidate in (here, *here.parents):
         if (candidate / PIN_FILE).is_file() and (candidate / "patches").is_dir():
             return candidate
-    # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere).
+    # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere), but
+    # never when a directory was named: that would act on another checkout than the one asked for.
     tool_root = Path(__file__).resolve().parents[2]
-    if (tool_root / PIN_FILE).is_file():
+    if start is None and (tool_root / PIN_FILE).is_file():
         return tool_root
     raise RebaseError(f"no {PIN_FILE} and patches/ found in {here} or any parent directory")
 

@@ -5,6 +5,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.rebase import names
 from tools.rebase.errors import RebaseError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -75,23 +76,29 @@ def load_pin(path: Path) -> Pin:
 
 
 def pin_from_table(table: dict, where: str) -> Pin:
+    """Validate every field: they reach file names, tags and git/pip command lines."""
     kind = table.get("kind")
     if kind == "pypi":
         missing = [k for k in ("package", "version", "sha256") if not table.get(k)]
         if missing:
             raise RebaseError(f"{where}: pypi pin lacks {', '.join(missing)}")
-        if not _SHA256.match(table["sha256"]):
-            raise RebaseError(f"{where}: sha256 must be 64 lowercase hex digits, got {table['sha256']!r}")
-        return Pin("pypi", package=table["package"], version=table["version"], sha256=table["sha256"])
+        sha256 = table["sha256"]
+        if not isinstance(sha256, str) or not _SHA256.match(sha256):
+            raise RebaseError(f"{where}: sha256 must be a string of 64 lowercase hex digits, got {sha256!r}")
+        return Pin("pypi", package=names.package_name(table["package"], where),
+                   version=names.version(table["version"], where), sha256=sha256)
     if kind == "git":
         missing = [k for k in ("url", "commit") if not table.get(k)]
         if missing:
             raise RebaseError(f"{where}: git pin lacks {', '.join(missing)}")
-        if not _COMMIT.match(table["commit"]):
+        commit = table["commit"]
+        if not isinstance(commit, str) or not _COMMIT.match(commit):
             raise RebaseError(
-                f"{where}: commit must be a full 40-hex commit id, got {table['commit']!r}"
+                f"{where}: commit must be a full 40-hex commit id, got {commit!r}"
             )
-        return Pin("git", url=table["url"], commit=table["commit"], ref=table.get("ref", ""))
+        ref = table.get("ref", "")
+        return Pin("git", url=names.git_url(table["url"], where), commit=commit,
+                   ref=names.git_ref(ref, where) if ref != "" else "")
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
 
@@ -101,13 +108,14 @@ def parse_spec(spec: str):
     Returns ``("pypi", package, version)`` or ``("git", url, ref)``; checksums and commit ids are
     resolved later, when the source is fetched.
     """
+    where = f"--onto {spec!r}"
     m = _PYPI_SPEC.match(spec)
     if m:
-        return ("pypi", m["package"], m["version"])
+        return ("pypi", names.package_name(m["package"], where), names.version(m["version"], where))
     if spec.startswith("git:"):
         body = spec[len("git:"):]
         url, sep, ref = body.rpartition("@")
         if not sep or not url or not ref:
             raise RebaseError(f"bad spec {spec!r}: expected git:URL-or-path@ref")
-        return ("git", url, ref)
+        return ("git", names.git_url(url, where), names.git_ref(ref, where))
     raise RebaseError(f"bad spec {spec!r}: expected pypi:NAME==VERSION or git:URL-or-path@ref")

@@ -71,6 +71,9 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     """
     repo = Path(repo)
     revs = (old_base, old_tip, new_base, new_tip)
+    for rev in revs:
+        if rev.startswith("-"):
+            raise RebaseError(f"{repo}: revision {rev!r} starts with '-' (it would be read as a git option)")
     proc = git_proc("rev-parse", *(f"{r}^{{commit}}" for r in revs), cwd=repo)
     resolved = proc.stdout.split()
     if proc.returncode != 0 or len(resolved) != 4:
@@ -82,6 +85,15 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
         if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
             raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
+        merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
+        if merges:
+            # list_range skips merges: an (evil) merge's own change would vanish from the report.
+            subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
+            raise RebaseError(
+                f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
+                f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
+                f"(rebase the range onto its base, or pass the range of a linear branch)"
+            )
     hints = hints or {}
     old = list_range(repo, old_base, old_tip)
     new = list_range(repo, new_base, new_tip)

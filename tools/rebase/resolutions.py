@@ -9,6 +9,8 @@ a bump, so the same conflict on any clone is resolved and staged without asking.
 import shutil
 from pathlib import Path
 
+from tools.rebase import names
+from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc
 
 RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
@@ -22,14 +24,32 @@ def _images(entry: Path) -> list:
     return sorted(p for p in entry.iterdir() if p.is_file() and p.name.startswith(("preimage", "postimage")))
 
 
+def _check_entry(patch_name: str, rid: str, where: str) -> None:
+    """Both names become folders under patches/resolutions/ and .git/rr-cache/: refuse anything
+    that is not a plain Patch-Name and a 40-hex rerere id."""
+    names.patch_name(patch_name, where, field="resolution folder (Patch-Name)")
+    if not names.RERERE_ID.match(rid):
+        raise RebaseError(f"{where}: resolution id {rid!r} is not a 40-hex rerere id")
+
+
+def _refuse_links(path: Path) -> None:
+    if path.is_symlink():
+        raise RebaseError(f"{path}: recorded resolutions must not be symlinks")
+
+
 def import_resolutions(store: Path, work: Path) -> int:
     """Copy every recorded resolution in ``store`` into the work repo's rr-cache; return the count."""
     if not store.is_dir():
         return 0
     cache = rr_cache(work)
     count = 0
-    for patch_dir in sorted(p for p in store.iterdir() if p.is_dir()):
-        for entry in sorted(p for p in patch_dir.iterdir() if p.is_dir()):
+    for patch_dir in sorted(p for p in store.iterdir() if p.is_dir() or p.is_symlink()):
+        _refuse_links(patch_dir)
+        for entry in sorted(p for p in patch_dir.iterdir() if p.is_dir() or p.is_symlink()):
+            _refuse_links(entry)
+            _check_entry(patch_dir.name, entry.name, str(entry))
+            for image in entry.iterdir():
+                _refuse_links(image)
             target = cache / entry.name
             target.mkdir(parents=True, exist_ok=True)
             for image in _images(entry):
@@ -60,6 +80,7 @@ def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> l
     """Copy the rr-cache entries ``ids`` that hold a resolution into ``store/patch_name``."""
     written = []
     for rid in ids:
+        _check_entry(patch_name, rid, f"resolution of {patch_name!r}")
         entry = rr_cache(work) / rid
         if not entry.is_dir() or not any(p.name.startswith("postimage") for p in entry.iterdir()):
             continue

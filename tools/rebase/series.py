@@ -8,10 +8,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tools.rebase import names
 from tools.rebase.errors import RebaseError
 
 FILE_NAME = re.compile(r"^(?P<number>\d{4})-(?P<slug>[a-z0-9][a-z0-9.-]*)\.patch$")
-SLUG = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+SLUG = names.SLUG
 REQUIRED_TRAILERS = ("Patch-Name", "Upstream-Status", "Tests")
 UPSTREAM_STATUS_WORDS = ("fork-only", "not-submitted", "submitted", "accepted")
 _TRAILER = re.compile(r"^(?P<key>[A-Za-z][A-Za-z0-9-]*): ?(?P<value>.*)$")
@@ -117,16 +118,44 @@ def parse_trailers(message: str) -> dict:
     return trailers
 
 
+def _is_git_dir(part: str) -> bool:
+    """``.git`` as case-insensitive file systems (and NTFS short names / trailing dots) see it."""
+    folded = part.lower().rstrip(". ")
+    return folded == ".git" or folded.startswith("git~")
+
+
 def _unsafe_path(path: str) -> bool:
     if path == "/dev/null":
         return False
     p = PurePosixPath(path)
-    return p.is_absolute() or ".." in p.parts or ".git" in p.parts or path.startswith("~")
+    return (p.is_absolute() or ".." in p.parts or any(_is_git_dir(x) for x in p.parts)
+            or path.startswith("~") or "\\" in path or any(ord(c) < 32 for c in path))
+
+
+_C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _c_unquote(token: str) -> str:
+    """Undo git's C-style quoting of a path (``"a/\\303\\251.py"``); unquoted tokens pass through."""
+    if len(token) < 2 or not (token.startswith('"') and token.endswith('"')):
+        return token
+    body, out, i = token[1:-1], bytearray(), 0
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out += c.encode()
+            i += 1
+        elif body[i + 1:i + 4].isdigit() and len(body[i + 1:i + 4]) == 3:
+            out.append(int(body[i + 1:i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(_C_ESCAPES.get(body[i + 1:i + 2], ord("?")))
+            i += 2
+    return out.decode("utf-8", "replace")
 
 
 def _strip_prefix(token: str, prefix: str) -> str:
-    if token.startswith('"'):
-        token = token.strip('"')
+    token = _c_unquote(token)
     return token[len(prefix):] if token.startswith(prefix) else token
 
 
@@ -169,7 +198,10 @@ def parse_patch(path: Path) -> PatchFile:
     files, added, removed = _check_diff(where, lines, diff_start)
     if not files:
         raise RebaseError(f"{where}: the patch changes no files")
-    return PatchFile(path, subject, message, parse_trailers(message), files, added, removed)
+    trailers = parse_trailers(message)
+    for value in trailers.get("Patch-Name", [])[:1]:
+        names.patch_name(value, where)
+    return PatchFile(path, subject, message, trailers, files, added, removed)
 
 
 def _check_diff(where, lines, start):
@@ -192,6 +224,10 @@ def _check_diff(where, lines, start):
             files.append(b)
             i += 1
             continue
+        if line.startswith(("new file mode 120000", "new mode 120000")) or (
+                line.startswith("index ") and line.endswith(" 120000")):
+            raise RebaseError(f"{where}:{i + 1}: refusing a symlink (mode 120000): the package must "
+                              f"not contain symlinks")
         for key, prefix in (("--- ", "a/"), ("+++ ", "b/"), ("rename from ", ""), ("rename to ", ""),
                             ("copy from ", ""), ("copy to ", "")):
             if line.startswith(key):

@@ -8,13 +8,16 @@ reports can name the upstream commits that touched our files.
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
+from tools.rebase import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
 from tools.rebase.pin import Pin
@@ -34,35 +37,95 @@ def sha256_file(path: Path) -> str:
 
 
 def sdist_path(cache: Path, package: str, version: str) -> Path:
-    norm = package.replace("-", "_")
-    return cache / "sdist" / f"{norm}-{version}.tar.gz"
+    where = f"sdist {package}=={version}"
+    norm = names.package_name(package, where).replace("-", "_")
+    return cache / "sdist" / f"{norm}-{names.version(version, where)}.tar.gz"
 
 
-def download_sdist(cache: Path, package: str, version: str) -> Path:
-    """Download ``package==version`` as an sdist with pip (the configured index) into the cache."""
+def _tail_lines(text: str, limit: int = 2000) -> str:
+    """The last whole lines of ``text`` that fit in ``limit`` characters (never cut mid-line)."""
+    kept, size = [], 0
+    for line in reversed(text.strip().splitlines()):
+        if kept and size + len(line) + 1 > limit:
+            kept.append("...")
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join(reversed(kept))
+
+
+_REPORTED_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+def _pip_download(package: str, version: str, sha256: str, dest: Path):
+    """Run pip in hash-checking mode for exactly this sdist; return the CompletedProcess.
+
+    ``--require-hashes`` makes pip check the archive against ``sha256`` right after the download
+    and stop on a mismatch before it prepares the sdist's metadata (which runs its build code).
+    With an empty ``sha256`` pip only reports the hash the index serves and runs nothing.
+    ``--no-binary`` names this one package, so build tools still come as wheels.
+    """
+    requirement = f"{package}=={version}" + (f" --hash=sha256:{sha256}" if sha256 else "")
+    (dest / "requirements.txt").write_text(requirement + "\n")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+        f"--no-binary={package}", "--ignore-requires-python", "--disable-pip-version-check",
+        "--progress-bar=off", "-d", str(dest / "out"), "-r", str(dest / "requirements.txt"),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def index_sha256(package: str, version: str, tmp: Path) -> str:
+    """The sha256 of the sdist the configured index serves now (for a bump, which has no pin yet)."""
+    proc = _pip_download(package, version, "", tmp)
+    found = _REPORTED_HASH.findall(proc.stdout + proc.stderr)
+    if not found:
+        raise RebaseError(f"could not find the sdist of {package}=={version} with pip:\n"
+                          f"{_tail_lines(proc.stderr or proc.stdout)}")
+    return found[-1]
+
+
+def download_sdist(cache: Path, package: str, version: str, sha256: str = "", log=None) -> Path:
+    """Download ``package==version`` as an sdist with pip (the configured index) into the cache.
+
+    pip verifies ``sha256`` before anything from the archive runs; without one (``bump --onto
+    pypi:...``) the hash the index serves is taken on first use and then enforced the same way.
+    A cached archive is re-hashed by the caller on every use.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr))
     target = sdist_path(cache, package, version)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--ignore-requires-python", "--disable-pip-version-check", "-q",
-            f"{package}=={version}", "-d", tmp,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        found = sorted(Path(tmp).glob("*.tar.gz"))
-        if proc.returncode != 0 or not found:
+        tmp = Path(tmp)
+        if not sha256:
+            sha256 = index_sha256(package, version, tmp)
+        log(f"downloading the sdist of {package}=={version} (sha256 {sha256[:12]}..., checked by pip "
+            f"before anything in it runs) into {target.parent}")
+        started = time.monotonic()
+        proc = _pip_download(package, version, sha256, tmp)
+        found = sorted((tmp / "out").glob("*.tar.gz")) if (tmp / "out").is_dir() else []
+        if proc.returncode != 0 or len(found) != 1:
             raise RebaseError(
-                f"could not download the sdist of {package}=={version} with pip:\n"
-                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+                f"could not download the sdist of {package}=={version} with pip "
+                f"(expected sha256 {sha256}); nothing from it was run or cached:\n"
+                f"{_tail_lines(proc.stderr or proc.stdout)}"
             )
+        actual = sha256_file(found[0])
+        if actual != sha256:
+            raise RebaseError(f"pip returned {found[0].name} with sha256 {actual}, not {sha256}; "
+                              f"nothing was cached")
+        size = found[0].stat().st_size
         os.replace(found[0], target)
+    log(f"downloaded {target.name} ({size:,} bytes in {time.monotonic() - started:.1f} s, sha256 "
+        f"verified) to {target}")
     return target
 
 
 def fetch_verified_sdist(cache: Path, pin: Pin) -> Path:
-    path = download_sdist(cache, pin.package, pin.version)
+    """The pinned sdist from the cache (downloading it when absent), its full sha256 checked now."""
+    path = download_sdist(cache, pin.package, pin.version, pin.sha256)
     actual = sha256_file(path)
     if actual != pin.sha256:
         raise RebaseError(
@@ -110,7 +173,7 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     ensure_work_repo(work)
     tag = base_tag(pin)
     existing = rev_parse(work, f"refs/tags/{tag}")
-    if existing:
+    if existing and _records(work, existing, pin):
         return existing
     if pin.kind == "pypi":
         archive = fetch_verified_sdist(cache, pin)
@@ -127,6 +190,15 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
         commit = _commit_tree(work, tree, message, when)
     git("tag", "-f", tag, commit, cwd=work)
     return commit
+
+
+def _records(work: Path, commit: str, pin: Pin) -> bool:
+    """Whether a cached base commit was imported for exactly this pin: the tag's label holds only
+    12 hex digits of the sha256, the commit message the full hash that was verified."""
+    if pin.kind != "pypi":
+        return True  # the label holds the full commit id
+    message = git("show", "-s", "--format=%B", commit, cwd=work)
+    return f"\nsdist sha256: {pin.sha256}\n" in message
 
 
 def _write_tree(work: Path, top: Path) -> str:
@@ -169,7 +241,9 @@ def _local_url(url: str) -> str:
 def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     """Fetch ``ref`` from ``url`` into the cache mirror and return its full commit id."""
     mirror = _git_cache(cache, url)
-    proc = git_proc("fetch", "-q", "--no-tags", _local_url(url), f"{ref}", cwd=mirror)
+    names.git_url(url, "git source")
+    names.git_ref(ref, f"git source {url}")
+    proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
     if proc.returncode != 0:
         raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
     commit = rev_parse(mirror, "FETCH_HEAD")
@@ -184,12 +258,13 @@ def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
     if not rev_parse(work, commit):
         mirror = _git_cache(cache, url)
         if not rev_parse(mirror, commit):
-            proc = git_proc("fetch", "-q", "--no-tags", _local_url(url), commit, cwd=mirror)
+            names.git_url(url, "git source")
+            proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
             if proc.returncode != 0 or not rev_parse(mirror, commit):
                 raise RebaseError(
                     f"could not fetch commit {commit} from {url}: {proc.stderr.strip() or 'not found'}"
                 )
             git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
-        git("fetch", "-q", "--no-tags", str(mirror), f"+{commit}:refs/upstream-history/{commit}", cwd=work)
+        git("fetch", "-q", "--no-tags", "--", str(mirror), f"+{commit}:refs/upstream-history/{commit}", cwd=work)
     git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=work)
     return commit

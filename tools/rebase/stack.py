@@ -54,7 +54,7 @@ def am_one(tree: Path, patch: Path, three_way: bool) -> str:
     proc = git_proc(*args, str(patch), cwd=tree)
     after = rev_parse(tree, "HEAD")
     if proc.returncode != 0:
-        detail = (proc.stdout + proc.stderr).strip()
+        detail = _am_detail(proc.stdout + proc.stderr)
         git_proc("am", "--abort", cwd=tree)
         mode = "with a 3-way merge" if three_way else "exactly (no fuzz, no 3-way merge)"
         raise RebaseError(f"{patch.name} does not apply {mode}:\n{detail}")
@@ -64,6 +64,17 @@ def am_one(tree: Path, patch: Path, three_way: bool) -> str:
             f"(git said: {(proc.stdout + proc.stderr).strip() or 'nothing'})"
         )
     return after
+
+
+_AM_RESUME_ADVICE = ("hint:", "When you have resolved this problem", "If you prefer to skip this patch",
+                     "To restore the original branch", "Use 'git am --show-current-patch")
+
+
+def _am_detail(output: str) -> str:
+    """git am's diagnosis without its resume advice: that names a scratch worktree which is gone
+    by the time the user reads it."""
+    lines = [line for line in output.strip().splitlines() if not line.lstrip().startswith(_AM_RESUME_ADVICE)]
+    return "\n".join(lines).strip() or "(git am gave no reason)"
 
 
 def build(work: Path, base: str, patches: list, three_way: bool = True) -> list:
@@ -96,6 +107,7 @@ def export_range(repo: Path, base: str, tip: str) -> list:
         raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
     if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
         raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
+    _refuse_symlinks(repo, base, tip)
     log = git("log", "--reverse", "--format=%H%x00%B%x01", f"{base}..{tip}", cwd=repo)
     commits = [entry.strip("\n").split("\x00", 1) for entry in log.split("\x01") if entry.strip()]
     names, seen = [], {}
@@ -120,6 +132,18 @@ def export_range(repo: Path, base: str, tip: str) -> list:
     bodies = _format_range(repo, base, tip, len(commits)) or [format_commit(repo, c) for c, _ in commits]
     return [(f"{number:04d}-{name}.patch", data)
             for number, (name, data) in enumerate(zip(names, bodies), start=1)]
+
+
+def _refuse_symlinks(repo: Path, base: str, tip: str) -> None:
+    """A commit that adds or changes a symlink cannot become a patch (the package has none)."""
+    out = git("log", "--no-renames", "--raw", "--no-abbrev", "--format=commit %H", f"{base}..{tip}", cwd=repo)
+    commit = ""
+    for line in out.splitlines():
+        if line.startswith("commit "):
+            commit = line[7:]
+        elif line.startswith(":") and line.split(" ", 2)[1] == "120000":
+            raise RebaseError(f"commit {commit[:12]} adds a symlink, {line.split(chr(9), 1)[1]!r}; the "
+                              f"package must not contain symlinks: replace it with a file. Nothing was written.")
 
 
 def _format_range(repo: Path, base: str, tip: str, count: int):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, is_clean, rev_parse
-from tools.rebase.materialize import fork_version, materialize, upstream_version
+from tools.rebase.materialize import fork_version, local_edits, materialize, upstream_version
 from tools.rebase.pin import load_pin
 from tools.rebase.series import load_stack, read_series, render_series
 from tools.rebase.source import import_base
@@ -111,6 +111,13 @@ def export(layout, log=print) -> bool:
         raise RebaseError(
             f"{work} has uncommitted changes; commit them (one commit per patch) before exporting. "
             f"Nothing was written."
+        )
+    edits = local_edits(layout.package)
+    if edits:  # checked before writing: export re-materializes megatron/ afterwards
+        raise RebaseError(
+            f"{layout.package} has local edits that export would overwrite: {', '.join(edits[:10])}"
+            f"{' ...' if len(edits) > 10 else ''}; move them into {work} (and commit), or run "
+            f"`apply --force` to discard them. Nothing was written."
         )
     base = import_base(work, layout.cache, pin)
     tip = rev_parse(work, "HEAD")

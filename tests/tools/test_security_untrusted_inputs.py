@@ -1,0 +1,464 @@
+"""Issue 14: the pin, the patch files and ``--onto`` are untrusted (they come from pull requests).
+
+Each test replays an attack or fault on a small synthetic checkout and checks that the tool refuses
+it with an error naming what is wrong and where, and that nothing ran or changed.
+"""
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.tools.bumpkit import commit, init, patch_msg, sh
+from tools.rebase.check import check
+from tools.rebase.cli import main
+from tools.rebase.errors import RebaseError
+from tools.rebase.gitcmd import rev_parse
+from tools.rebase.workrepo import apply, export
+
+
+def quiet(*_args, **_kwargs):
+    pass
+
+
+def two_patch_stack(fork):
+    apply(fork.layout, log=quiet)
+    fork.add_patch("alpha-seven", {"megatron/core/alpha.py": lambda t: t.replace("return 7", "return 70")})
+    fork.add_patch("beta-extra", {"megatron/core/beta.py": lambda t: t + "BETA_EXTRA = 'x'\n",
+                                  "megatron/core/gamma.py": "G = 1\n"})
+    export(fork.layout, log=quiet)
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+# ---------------------------------------------------------------- 1. option injection into git
+
+def _injection_url(marker: Path, upstream: Path) -> str:
+    # The command runs as git's upload-pack and still serves the real repository, so the fetch
+    # even succeeds: only the marker shows that it ran.
+    return f"--upload-pack=touch {marker};git-upload-pack {upstream};:"
+
+
+def test_pin_url_option_injection_is_refused_by_check_and_apply(fork, tmp_path):
+    marker = tmp_path / "MARKER"
+    sha = sh("git", "rev-parse", "v1", cwd=fork.upstream).strip()
+    fork.layout.pin.write_text(
+        f'[upstream]\nkind = "git"\nurl = "{_injection_url(marker, fork.upstream)}"\ncommit = "{sha}"\n')
+    problems = check(fork.layout, log=quiet)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{fork.layout.pin}: url '--upload-pack=")
+    assert "starts with '-'" in problems[0]
+    with pytest.raises(RebaseError, match=r"upstream.toml: url '--upload-pack=.*starts with '-'"):
+        apply(fork.layout, log=quiet)
+    assert not marker.exists()
+    assert not fork.layout.package.exists()
+
+
+def test_onto_option_injection_is_refused_by_bump(fork, tmp_path, capsys):
+    two_patch_stack(fork)
+    before = fork.snapshot()
+    marker = tmp_path / "MARKER"
+    spec = f"git:{_injection_url(marker, fork.upstream)}@{fork.upstream}"
+    code, _, err = run_cli(capsys, "-C", fork.root, "bump", "--onto", spec)
+    assert code == 2
+    assert "--onto" in err and "url '--upload-pack=" in err and "starts with '-'" in err
+    assert not marker.exists()
+    assert fork.snapshot() == before
+
+
+@pytest.mark.parametrize("spec, field", [
+    ("git:{upstream}@--upload-pack=touch {marker}", "ref"),
+    ("git:{upstream}@main:refs/heads/evil", "ref"),
+    ("git:ext::sh -c touch% {marker}@main", "url"),
+    ("pypi:--index-url==1.0", "package"),
+    ("pypi:megatron-core==-1", "version"),
+])
+def test_onto_spec_fields_that_git_or_pip_would_misread_are_refused(fork, tmp_path, capsys, spec, field):
+    two_patch_stack(fork)
+    marker = tmp_path / "MARKER"
+    code, _, err = run_cli(capsys, "-C", fork.root, "bump", "--onto",
+                           spec.format(upstream=fork.upstream, marker=marker))
+    assert code == 2 and "--onto" in err and f" {field} " in err, err
+    assert not marker.exists()
+
+
+def test_fetch_ends_options_even_if_validation_is_bypassed(fork, tmp_path, monkeypatch):
+    """Second layer: the URL reaches git after ``--``, so it is never an option."""
+    from tools.rebase import source
+
+    monkeypatch.setattr(source.names, "git_url", lambda value, *a, **k: value)
+    marker = tmp_path / "MARKER"
+    with pytest.raises(RebaseError, match="could not fetch"):
+        source.resolve_git_ref(tmp_path / "cache", _injection_url(marker, fork.upstream), "main")
+    with pytest.raises(RebaseError, match="could not fetch"):
+        source.fetch_git_commit(_new_repo(tmp_path), tmp_path / "cache",
+                                _injection_url(marker, fork.upstream), "0" * 40)
+    assert not marker.exists()
+
+
+def _new_repo(tmp_path):
+    repo = tmp_path / "empty"
+    init(repo, {"x": "1\n"})
+    return repo
+
+
+@pytest.mark.parametrize("table, message", [
+    ('kind = "pypi"\npackage = "p"\nversion = "1"\nsha256 = 1234', "sha256 must be a string"),
+    ('kind = "pypi"\npackage = "p"\nversion = "1"\nsha256 = ["' + "a" * 64 + '"]', "sha256 must be a string"),
+    ('kind = "pypi"\npackage = "../../p"\nversion = "1"\nsha256 = "' + "a" * 64 + '"', "package '../../p'"),
+    ('kind = "pypi"\npackage = "p"\nversion = "1/../../../x"\nsha256 = "' + "a" * 64 + '"', "version '1/../../../x'"),
+    ('kind = "pypi"\npackage = "-p"\nversion = "1"\nsha256 = "' + "a" * 64 + '"', "package '-p' starts with '-'"),
+    ('kind = "git"\nurl = "/x"\ncommit = 12', "commit must be a full 40-hex commit id"),
+    ('kind = "git"\nurl = "/x"\ncommit = "' + "a" * 40 + '"\nref = "-b"', "ref '-b' starts with '-'"),
+    ('kind = "git"\nurl = "/x"\ncommit = "' + "a" * 40 + '"\nref = "a:b"', "ref 'a:b' is not a plain"),
+    ('kind = "git"\nurl = "ext::sh -c x"\ncommit = "' + "a" * 40 + '"', "git remote helper"),
+    ('kind = "git"\nurl = "/x\\ny"\ncommit = "' + "a" * 40 + '"', "control character"),
+])
+def test_bad_pin_fields_are_named_with_the_file(fork, table, message):
+    fork.layout.pin.write_text(f"[upstream]\n{table}\n")
+    problems = check(fork.layout, log=quiet)
+    assert len(problems) == 1 and problems[0].startswith(f"{fork.layout.pin}: "), problems
+    assert message in problems[0], problems
+
+
+# ---------------------------------------------------------------- 2 and 8. the sdist and its sha256
+
+def _sdist(path: Path, marker: Path, tag: str) -> str:
+    """A fake-pkg 1.0 sdist whose in-tree build backend writes ``marker`` when pip loads it."""
+    backend = (
+        f"open({str(marker)!r}, 'w').write({tag!r})\n"
+        "import os\n"
+        "def prepare_metadata_for_build_wheel(d, config_settings=None):\n"
+        "    info = os.path.join(d, 'fake_pkg-1.0.dist-info')\n"
+        "    os.makedirs(info)\n"
+        "    open(os.path.join(info, 'METADATA'), 'w').write('Metadata-Version: 2.1\\nName: fake-pkg\\nVersion: 1.0\\n')\n"
+        "    return 'fake_pkg-1.0.dist-info'\n"
+    )
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": backend,
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: fake-pkg\nVersion: 1.0\nSummary: {tag}\n",
+        "megatron/core/package_info.py": "MAJOR = 1\nMINOR = 0\nPATCH = 0\nPRE_RELEASE = ''\n",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"fake_pkg-1.0/{rel}")
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pypi_pin(fork, sha256: str):
+    fork.layout.pin.write_text(
+        f'[upstream]\nkind = "pypi"\npackage = "fake-pkg"\nversion = "1.0"\nsha256 = "{sha256}"\n')
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip sees only a find-links folder (no configured index, no cache)."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    return links
+
+
+def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, local_index):
+    marker = tmp_path / "MARKER"
+    genuine = _sdist(tmp_path / "genuine" / "fake_pkg-1.0.tar.gz", marker, "genuine")
+    tampered = _sdist(local_index / "fake_pkg-1.0.tar.gz", marker, "tampered")
+    assert genuine != tampered
+    _pypi_pin(fork, genuine)
+    problems = check(fork.layout, log=quiet)
+    assert len(problems) == 1, problems
+    assert "could not download the sdist of fake-pkg==1.0" in problems[0]
+    assert f"expected sha256 {genuine}" in problems[0] and tampered in problems[0]
+    with pytest.raises(RebaseError, match="nothing from it was run or cached"):
+        apply(fork.layout, log=quiet)
+    assert not marker.exists(), "the tampered sdist's build backend ran"
+    assert not list((tmp_path / "cache").rglob("*.tar.gz"))
+
+
+def test_hash_checked_download_reports_progress_and_caches(tmp_path, local_index):
+    from tools.rebase.source import download_sdist, sha256_file
+
+    sha = _sdist(local_index / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
+    lines = []
+    path = download_sdist(tmp_path / "cache", "fake-pkg", "1.0", sha, log=lines.append)
+    assert path == tmp_path / "cache" / "sdist" / "fake_pkg-1.0.tar.gz"
+    assert sha256_file(path) == sha
+    assert lines[0].startswith("downloading the sdist of fake-pkg==1.0 (sha256 " + sha[:12])
+    size = path.stat().st_size
+    assert len(lines) == 2 and f"{size:,} bytes" in lines[-1] and str(path) in lines[-1]
+
+
+def test_a_changed_later_digit_of_the_pin_fails_although_the_base_is_cached(fork, tmp_path):
+    sha = _sdist(tmp_path / "cache" / "sdist" / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
+    (tmp_path / "MARKER").unlink(missing_ok=True)
+    _pypi_pin(fork, sha)
+    apply(fork.layout, log=quiet)  # imports and tags the base (the tag names 12 hex digits)
+    assert check(fork.layout, log=quiet) == []
+    other = sha[:40] + ("0" if sha[40] != "0" else "1") + sha[41:]
+    _pypi_pin(fork, other)
+    problems = check(fork.layout, log=quiet)
+    assert len(problems) == 1 and "checksum mismatch" in problems[0] and other in problems[0], problems
+    with pytest.raises(RebaseError, match="checksum mismatch"):
+        apply(fork.layout, log=quiet)
+
+
+def test_pip_errors_are_cut_at_line_boundaries():
+    from tools.rebase.source import _tail_lines
+
+    text = "\n".join(f"line {i} " + "x" * 90 for i in range(100))
+    tail = _tail_lines(text, limit=500)
+    lines = tail.splitlines()
+    assert lines[0] == "..." and len(tail) <= 510
+    assert all(line in text.splitlines() for line in lines[1:])
+    assert lines[-1] == text.splitlines()[-1]
+
+
+# ---------------------------------------------------------------- 7. symlinks
+
+def _symlink_patch(tmp_path, target: str) -> bytes:
+    """format-patch output of a commit adding megatron/core/leak.py as a symlink to ``target``."""
+    repo = tmp_path / "linkrepo"
+    init(repo, {"megatron/core/x.py": "x = 1\n"})
+    os.symlink(target, repo / "megatron/core/leak.py")
+    commit(repo, {}, patch_msg("add-link"))
+    return sh("git", "format-patch", "--stdout", "-1", "HEAD", cwd=repo).encode()
+
+
+def test_patch_adding_a_symlink_is_refused(fork, tmp_path):
+    two_patch_stack(fork)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside the tree\n")
+    path = fork.layout.patches / "0003-add-link.patch"
+    path.write_bytes(_symlink_patch(tmp_path, str(secret)))
+    fork.layout.series.write_text(fork.layout.series.read_text() + "0003-add-link.patch\n")
+    with pytest.raises(RebaseError, match=r"0003-add-link.patch:\d+: refusing a symlink"):
+        apply(fork.layout, log=quiet)
+    assert any("refusing a symlink" in p for p in check(fork.layout, log=quiet))
+    assert not (fork.root / "megatron/core/leak.py").exists()
+
+
+@pytest.mark.parametrize("kind", ["outside-file", "loop"])
+def test_materialize_refuses_symlinks_in_the_tree(tmp_path, kind):
+    from tools.rebase.materialize import materialize
+
+    tree = tmp_path / "work"
+    (tree / "megatron/core").mkdir(parents=True)
+    (tree / "megatron/core/package_info.py").write_text("MAJOR = 1\n")
+    if kind == "outside-file":
+        (tmp_path / "secret.txt").write_text("secret\n")
+        os.symlink(tmp_path / "secret.txt", tree / "megatron/core/leak.py")
+        name = "leak.py"
+    else:
+        os.symlink("..", tree / "megatron/core/loop")
+        name = "loop"
+    with pytest.raises(RebaseError, match=rf"megatron/core/{name}: is a symlink"):
+        materialize(tree, tmp_path / "megatron", "1.0+rl.0.0")
+    assert not (tmp_path / "megatron").exists()
+    assert not (tmp_path / "megatron.tmp-materialize").exists()
+
+
+def test_export_refuses_a_committed_symlink_before_writing(fork, tmp_path):
+    two_patch_stack(fork)
+    before = fork.patch_files()
+    os.symlink("/etc/hostname", fork.work / "megatron/core/leak.py")
+    commit(fork.work, {}, patch_msg("add-link"))
+    with pytest.raises(RebaseError, match="adds a symlink, 'megatron/core/leak.py'"):
+        export(fork.layout, log=quiet)
+    assert fork.patch_files() == before
+
+
+# ---------------------------------------------------------------- 11. names that become paths
+
+def test_patch_name_with_traversal_is_refused(fork, tmp_path):
+    two_patch_stack(fork)
+    path = fork.layout.patches / "0002-beta-extra.patch"
+    path.write_text(path.read_text().replace("Patch-Name: beta-extra", "Patch-Name: ../../../evil"))
+    with pytest.raises(RebaseError, match=r"0002-beta-extra.patch: Patch-Name '../../../evil'"):
+        apply(fork.layout, log=quiet)
+    assert any("Patch-Name '../../../evil'" in p for p in check(fork.layout, log=quiet))
+
+
+def test_resolutions_refuse_unsafe_names(fork, tmp_path):
+    from tools.rebase.resolutions import export_resolutions, import_resolutions
+
+    two_patch_stack(fork)
+    rr = fork.work / ".git" / "rr-cache" / ("a" * 40)
+    rr.mkdir(parents=True)
+    (rr / "preimage").write_text("x\n")
+    (rr / "postimage").write_text("y\n")
+    store = fork.layout.resolutions
+    with pytest.raises(RebaseError, match=r"Patch-Name\) '../../escaped'"):
+        export_resolutions(fork.work, store, "../../escaped", ["a" * 40])
+    with pytest.raises(RebaseError, match="not a 40-hex rerere id"):
+        export_resolutions(fork.work, store, "alpha-seven", ["../../../x"])
+    assert not (fork.root.parent / "escaped").exists() and not store.exists()
+    (store / "alpha-seven").mkdir(parents=True)
+    os.symlink(tmp_path, store / "alpha-seven" / ("b" * 40))
+    with pytest.raises(RebaseError, match="must not be symlinks"):
+        import_resolutions(store, fork.work)
+
+
+def test_sdist_path_refuses_traversal():
+    from tools.rebase.source import sdist_path
+
+    with pytest.raises(RebaseError, match="version '../../../x'"):
+        sdist_path(Path("/cache"), "megatron-core", "../../../x")
+
+
+@pytest.mark.parametrize("node_id, why", [
+    ("-pevil_plugin", "starts with '-'"),
+    ("--rootdir=/", "starts with '-'"),
+    ("/abs/tests/test_x.py", "relative path inside tests/"),
+    ("tests/../../outside/test_x.py", "relative path inside tests/"),
+    ("tools/test_x.py", "relative path inside tests/"),
+])
+def test_tests_ids_must_be_relative_paths_inside_tests(fork, node_id, why):
+    apply(fork.layout, log=quiet)
+    fork.add_patch("alpha-seven", {"megatron/core/alpha.py": lambda t: t.replace("return 7", "return 70")},
+                   tests=f"tests/test_dummy.py::test_ok {node_id}")
+    export(fork.layout, log=quiet)
+    problems = check(fork.layout, log=quiet)
+    assert len(problems) == 1 and problems[0].startswith(f"patches/0001-alpha-seven.patch: Tests: {node_id}: ")
+    assert why in problems[0]
+
+
+def test_pytest_runner_never_passes_an_option(fork, tmp_path):
+    from tools.rebase.bump import pytest_runner
+
+    marker = tmp_path / "conftest-ran"
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "conftest.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    results = pytest_runner(fork.layout, "p", [f"--rootdir={tmp_path / 'evil'}", "-pno:terminal",
+                                               "tests/test_dummy.py::test_ok"])
+    assert results["tests/test_dummy.py::test_ok"] == "passed"
+    assert results[f"--rootdir={tmp_path / 'evil'}"].startswith("refused: starts with '-'")
+    assert results["-pno:terminal"].startswith("refused")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- 13. merges in a report range
+
+def test_report_refuses_a_range_with_an_evil_merge(tmp_path, fork, capsys):
+    repo = tmp_path / "stacks"
+    base = init(repo, {"a.py": "a = 1\n", "b.py": "b = 1\n"})
+    old_tip = commit(repo, {"a.py": "a = 2\n"}, patch_msg("p1"))
+    sh("git", "checkout", "-q", "-b", "side", base, cwd=repo)
+    commit(repo, {"b.py": "b = 2\n"}, patch_msg("p2"))
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    sh("git", "merge", "-q", "--no-ff", "--no-commit", "side", cwd=repo)
+    (repo / "a.py").write_text("a = 'evil'\n")  # a change only the merge carries
+    sh("git", "commit", "-q", "-am", "Merge side", cwd=repo)
+    merge = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    out = tmp_path / "r.md"
+    code, _, err = run_cli(capsys, "-C", fork.root, "report", "--repo", repo, "--old", f"{base}..{old_tip}",
+                           "--new", f"{base}..{merge}", "--output", out)
+    assert code == 2
+    assert f"new range {base[:12]}..{merge[:12]} contains 1 merge commit(s), e.g. {merge[:12]} ('Merge side')" in err
+    assert not out.exists()
+
+
+def test_report_with_a_missing_repo_or_an_option_as_revision_is_a_clean_error(tmp_path, fork, capsys):
+    out = tmp_path / "r.md"
+    code, _, err = run_cli(capsys, "-C", fork.root, "report", "--repo", tmp_path / "nope",
+                           "--old", "a..b", "--new", "a..c", "--output", out)
+    assert code == 2 and f"--repo {tmp_path / 'nope'}: no such directory" in err
+    code, _, err = run_cli(capsys, "-C", fork.root, "report", "--repo", fork.upstream,
+                           f"--old=--output={tmp_path / 'x'}..HEAD", "--new", "HEAD..HEAD", "--output", out)
+    assert code == 2 and "starts with '-'" in err
+    assert not list(tmp_path.glob("x*")) and not out.exists()
+
+
+# ---------------------------------------------------------------- the Low list
+
+def test_a_users_global_excludes_file_does_not_hide_untracked_work(fork, tmp_path, monkeypatch):
+    two_patch_stack(fork)
+    home = tmp_path / "home"
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "ignore").write_text("*.py\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    (fork.work / "megatron/core/new_module.py").write_text("NEW = 1\n")
+    with pytest.raises(RebaseError, match="uncommitted changes"):
+        export(fork.layout, log=quiet)
+
+
+def test_export_checks_local_edits_before_writing(fork):
+    two_patch_stack(fork)
+    before = fork.patch_files()
+    fork.add_patch("gamma-two", {"megatron/core/gamma.py": "G = 2\n"})
+    (fork.root / "megatron/core/beta.py").write_text("hand edit\n")
+    with pytest.raises(RebaseError, match="local edits.*Nothing was written"):
+        export(fork.layout, log=quiet)
+    assert fork.patch_files() == before
+    assert (fork.root / "megatron/core/beta.py").read_text() == "hand edit\n"
+
+
+def test_dash_c_to_a_missing_or_foreign_folder_is_an_error(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "-C", tmp_path / "missing", "list")
+    assert code == 2 and f"-C {tmp_path / 'missing'}: no such directory" in err
+    code, out, err = run_cli(capsys, "-C", tmp_path, "list")
+    assert code == 2 and "no upstream.toml and patches/ found" in err and out == ""
+
+
+@pytest.mark.parametrize("damage", ["corrupt-manifest", "dangling-symlink"])
+def test_damaged_materialized_tree_is_a_clean_error(fork, capsys, damage):
+    two_patch_stack(fork)
+    if damage == "corrupt-manifest":
+        (fork.root / "megatron/.fork-manifest.json").write_text("{not json")
+        expected = "manifest .fork-manifest.json is corrupt"
+    else:
+        os.symlink("/nonexistent/target", fork.root / "megatron/core/dangling.py")
+        expected = "core/dangling.py"
+    fork.layout.series.write_text(fork.layout.series.read_text() + "# rebuild\n")
+    code, _, err = run_cli(capsys, "-C", fork.root, "apply")
+    assert code == 2 and "local edits" in err and expected in err, err
+
+
+@pytest.mark.parametrize("evil", ['"a/\\056git/config"', "a/.GIT/config", "a/megatron/.Git/hooks/x",
+                                  '"a/megatron/\\056\\056/\\056\\056/x.py"'])
+def test_path_check_sees_through_c_quoting_and_case(fork, evil):
+    two_patch_stack(fork)
+    tip = rev_parse(fork.work, "HEAD")
+    path = fork.layout.patches / "0002-beta-extra.patch"
+    quoted = evil.startswith('"')
+    bare = evil.strip('"')[2:]
+    text = path.read_text()
+    for side in ("a", "b"):
+        target = f'"{side}/{bare}"' if quoted else f"{side}/{bare}"
+        text = text.replace(f"{side}/megatron/core/gamma.py", target)
+    path.write_text(text)
+    with pytest.raises(RebaseError, match=r"0002-beta-extra.patch:\d+: refusing path outside the tree"):
+        apply(fork.layout, log=quiet)
+    assert rev_parse(fork.work, "HEAD") == tip
+
+
+def test_apply_errors_do_not_quote_git_am_resume_advice(fork):
+    two_patch_stack(fork)
+    path = fork.layout.patches / "0002-beta-extra.patch"
+    path.write_text(path.read_text().replace(" BETA_29 = 29", " BETA_29 = 2900"))
+    with pytest.raises(RebaseError) as info:
+        apply(fork.layout, log=quiet)
+    message = str(info.value)
+    assert message.startswith("0002-beta-extra.patch does not apply")
+    assert "Patch failed at" in message or "error:" in message
+    for advice in ("git am --", "hint:", "--show-current-patch", "build-"):
+        assert advice not in message, message
+
