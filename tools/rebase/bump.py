@@ -31,6 +31,7 @@ from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_c
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
 from tools.rebase.gitlocks import clear_stale_locks
+from tools.rebase.killpoints import env_hook
 from tools.rebase.lock import locked
 from tools.rebase.materialize import local_edits, materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
@@ -43,10 +44,6 @@ LAST_NEW_REF = "refs/rebase/last-bump/new"
 
 class Stopped(RebaseError):
     """The bump stopped and waits for the maintainer (conflict or failing tests)."""
-
-
-def _no_hook(point, **info):
-    pass
 
 
 # ---------------------------------------------------------------- tests
@@ -266,7 +263,7 @@ def _export(layout, base: str, tip: str) -> list:
 # ---------------------------------------------------------------- the bump
 
 class Bump:
-    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=_no_hook, run_tests=True):
+    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True):
         self.layout = layout
         self.work = layout.work
         self.log = log
@@ -312,6 +309,7 @@ class Bump:
         ))
         self.hook("after-backup")
         loaded = self._import_new_base(new_pin)
+        self.hook("after-import")
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))
@@ -394,6 +392,14 @@ class Bump:
         if (work / ".git" / "rebase-merge").is_dir():
             git_proc("rebase", "--quit", cwd=work)
         head = git("rev-parse", "HEAD", cwd=work).strip()
+        if j.picking is not None:  # killed while committing a patch rerere had resolved
+            idx = j.picking.index
+            if head != j.tip and rev_parse(work, f"{head}^") == j.tip and _patch_name(work, head) == j.names[idx]:
+                self._record_recorded(idx, head)
+                _reset_to(work, head)
+                return
+            j.picking = None  # not committed: it is replayed (and resolved) again
+            self._save()
         if head != j.tip and not (j.next == 0 and head in (j.old_tip, j.old_head)):
             if git_proc("merge-base", "--is-ancestor", j.tip, head, cwd=work).returncode != 0:
                 raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
@@ -449,7 +455,7 @@ class Bump:
         j = self.j
         self._note(idx, outcome, new_commit, upstream, how, note)
         j.next = idx + 1
-        j.stopped = None
+        j.stopped = j.picking = None
         j.phase = "replaying"
         self._save()
 
@@ -523,9 +529,11 @@ class Bump:
                 # (or the result is empty: already in the new base).
                 if _staged_changes(work):
                     ids = rr.conflict_ids(work)
+                    j.picking = jr.StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
+                    self._save()  # a kill after the commit below must not pass it off as a clean replay
                     new = _commit_pick(work, commit, j.dates[idx])
-                    self._export_resolutions(j.names[idx], ids)
-                    self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+                    self.hook("after-pick", index=idx)
+                    self._record_recorded(idx, new)
                     self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution")
                 else:
                     _reset_to(work, j.tip)
@@ -630,12 +638,17 @@ class Bump:
         self.hook("after-record", index=idx)
         if _staged_changes(work):
             new = _commit_pick(work, j.commits[idx], j.dates[idx])
+            self.hook("after-pick", index=idx)
             self._export_resolutions(name, s.rerere_ids)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
             _reset_to(work, j.tip)
             up, how = self._name_absorber(idx, "empty after conflict resolution")
             self._record(idx, "absorbed", upstream=up, how=how)
+
+    def _record_recorded(self, idx: int, new: str) -> None:
+        self._export_resolutions(self.j.names[idx], self.j.picking.rerere_ids)
+        self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
 
     def _export_resolutions(self, name: str, ids: list) -> None:
         """Store the resolutions rerere holds for ``ids`` under patches/resolutions/<name>/; say so
@@ -682,6 +695,7 @@ class Bump:
                             "`bump --continue --no-tests` accepts as is; `bump --abort` restores everything.")
         j.phase = "finishing"
         self._save()
+        self.hook("after-tests")
 
     def _finish(self):
         j, layout, work = self.j, self.layout, self.work

@@ -132,6 +132,7 @@ class Journal:
     new_base: str | None = None
     outcomes: list = field(default_factory=list)  # [Outcome]
     stopped: StopInfo | None = None
+    picking: StopInfo | None = None  # a patch rerere resolved, being committed (not yet recorded)
     materialized: bool = False  # megatron/ was rewritten for the tests
     tests: dict = field(default_factory=dict)  # Patch-Name -> {node id: result}
     version: int = JOURNAL_VERSION
@@ -154,7 +155,10 @@ class Journal:
                "outcomes is not a list of outcomes")
         _check(all(o.index < len(self.commits) for o in self.outcomes), "an outcome names a patch out of range")
         _check((self.stopped is not None) == (self.phase == "stopped"), "stopped does not match the phase")
-        _check(self.stopped is None or self.stopped.index < len(self.commits), "stopped names a patch out of range")
+        for name in ("stopped", "picking"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, StopInfo) and value.index < len(self.commits)),
+                   f"{name} names no patch of the stack")
         _check(isinstance(self.materialized, bool), "materialized is not true/false")
         _check(isinstance(self.tests, dict) and all(isinstance(v, dict) for v in self.tests.values()),
                "tests is not a map of patch names to results")
@@ -169,8 +173,9 @@ class Journal:
         data = dict(data)
         if isinstance(data.get("outcomes"), list):
             data["outcomes"] = [_build(Outcome, o, f"outcomes[{k}]") for k, o in enumerate(data["outcomes"])]
-        if data.get("stopped") is not None:
-            data["stopped"] = _build(StopInfo, data["stopped"], "stopped")
+        for name in ("stopped", "picking"):
+            if data.get(name) is not None:
+                data[name] = _build(StopInfo, data[name], name)
         return _build(cls, data, "journal")
 
 
