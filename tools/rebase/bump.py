@@ -150,7 +150,8 @@ def _describe(work: Path, base: str, tip: str):
     return rows
 
 
-def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool) -> str:
+def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool,
+              move_head: bool = True) -> str:
     """Rewrite ``commit`` onto ``parent`` with ``original``'s author (and message unless
     ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
     fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
@@ -160,13 +161,15 @@ def _recommit(work: Path, commit: str, parent: str, original: str, keep_message:
     env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
            "GIT_COMMITTER_DATE": date}
     new = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=work, env=env, input=message).strip()
-    git("reset", "-q", "--soft", new, cwd=work)
+    if move_head:
+        git("reset", "-q", "--soft", new, cwd=work)
     return new
 
 
 def canonical_chain(work: Path, base: str, tip: str) -> str:
     """Make every commit of base..tip reproducible (tool committer, committer date = author date),
-    rewriting from the first one that is not (e.g. amended by hand); return the new tip."""
+    rewriting from the first one that is not (e.g. amended by hand); return the new tip. Only
+    objects are written: HEAD and branches stay (a bump may not touch them before its backup)."""
     from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
 
     out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
@@ -176,7 +179,7 @@ def canonical_chain(work: Path, base: str, tip: str) -> str:
     for sha, cn, ce, ad, cd in rows:
         dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
         if dirty:
-            parent = _recommit(work, sha, parent, sha, keep_message=True)
+            parent = _recommit(work, sha, parent, sha, keep_message=True, move_head=False)
         else:
             parent = sha
     return parent
@@ -285,6 +288,8 @@ class Bump:
                 f"run `python -m tools.rebase bump --continue` or `bump --abort` first"
             )
         _refuse_unsaved_work(layout)
+        if (self.work / ".git").is_dir():
+            clear_stale_locks(self.work)  # left by a git killed with an earlier run
         old_pin = load_pin(layout.pin)
         new_pin = resolve_spec(layout, spec)
         if new_pin == old_pin:
@@ -297,8 +302,6 @@ class Bump:
         # branch itself stays where it was (abort must find it unchanged).
         old_head = git("rev-parse", "HEAD", cwd=work).strip()
         old_tip = canonical_chain(work, old_base, old_head)
-        if old_tip != old_head:
-            git("reset", "-q", "--soft", old_head, cwd=work)
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
         names = [n for _, n, _ in described]

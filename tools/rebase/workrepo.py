@@ -67,6 +67,10 @@ def _apply(layout, force: bool, log) -> str:
     digest = current_digest(layout, patches)
     state = read_state(layout, tolerate_corrupt=force)
     work = layout.work
+    if (work / ".git").is_dir():
+        from tools.rebase.gitlocks import clear_stale_locks
+
+        clear_stale_locks(work)  # left by a git killed with an earlier run (we hold the tool's lock)
     if not force:
         guard_work_repo(layout, state)
     head = rev_parse(work, "HEAD") if (work / ".git").exists() else None
