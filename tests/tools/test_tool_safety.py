@@ -147,6 +147,24 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
+    from tools.rebase.lock import locked
+
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    shutil.rmtree(fork.root / "megatron")
+    with locked(fork.layout, "export"):
+        proc = subprocess.Popen([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "apply"],
+                                cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_LOCK_WAIT="60"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        assert not (fork.root / "megatron").exists()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (fork.root / A).is_file()
+
+
 def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     from tools.rebase.materialize import local_edits
 
@@ -178,15 +196,23 @@ def test_stale_index_lock_does_not_block_continue_or_abort(tmp_path, cache):
     resolve_beta(fork, "beta line 5 both")
     lock = fork.work / ".git" / "index.lock"
     lock.write_text("")  # what a git killed while it held the index leaves
-    sleeper = subprocess.Popen(["sleep", "60"], cwd=fork.work)  # a live process in the work repo
+    shell = subprocess.Popen(["sleep", "60"], cwd=fork.work)  # e.g. the maintainer's shell: no reason to wait
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); "
+                                "print('open', flush=True); time.sleep(60)", str(lock)], stdout=subprocess.PIPE)
+    assert sleeper.stdout.readline().strip() == b"open"  # a live process holding the lock, like a running git
     try:
         with pytest.raises(RebaseError, match=rf"index\.lock.*live process.*pid {sleeper.pid}"):
             bump_abort(fork.layout, log=quiet)
     finally:
         sleeper.kill()
         sleeper.wait()
-    with pytest.raises(Stopped):  # continue clears the stale lock (the tests then fail on purpose)
-        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    assert lock.exists()
+    try:
+        with pytest.raises(Stopped):  # continue clears the stale lock (the tests then fail on purpose)
+            bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    finally:
+        shell.kill()
+        shell.wait()
     lock.write_text("")
     (fork.work / ".git" / "refs" / "heads" / "patched.lock").write_text("")
     bump_abort(fork.layout, log=quiet)

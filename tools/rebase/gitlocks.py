@@ -3,7 +3,8 @@
 git takes ``<file>.lock`` with O_EXCL and removes it when done; a git killed in between leaves it,
 and every later git command that needs the file then fails. ``bump --abort``/``--continue`` must
 work after a killed bump, so they remove such a lock, but only when no live process could hold
-it: none has the lock file open and none runs in the work repo. (Our own lock, ``lock.py``,
+it: none has the lock file open and no git process runs in the work repo (a maintainer's shell
+or editor sitting there does not count). (Our own lock, ``lock.py``,
 keeps other tool runs out meanwhile.)
 """
 
@@ -25,7 +26,8 @@ def lock_files(work: Path) -> list:
 
 
 def _live_users(work: Path, locks: list) -> list:
-    """``(pid, what)`` of live processes that hold one of ``locks`` open or run inside ``work``."""
+    """``(pid, what)`` of live processes that hold one of ``locks`` open, or git processes running
+    inside ``work``."""
     proc = Path("/proc")
     if not proc.is_dir():
         return [(0, "unknown (no /proc to look for live git processes)")]
@@ -39,10 +41,13 @@ def _live_users(work: Path, locks: list) -> list:
         try:
             cwd = os.readlink(entry / "cwd")
             fds = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone, or not ours to inspect
             continue
-        if (cwd == root or cwd.startswith(root + os.sep)) or wanted.intersection(fds):
+        cmd = b" ".join(argv).decode(errors="replace").strip()
+        is_git = os.path.basename(argv[0].decode(errors="replace")).startswith("git")
+        inside = cwd == root or cwd.startswith(root + os.sep)
+        if (is_git and inside) or wanted.intersection(fds):
             users.append((int(entry.name), cmd[:120] or "?"))
     return users
 
@@ -56,7 +61,7 @@ def clear_stale_locks(work: Path) -> list:
     if users:
         shown = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in users[:5])
         raise RebaseError(f"git lock file(s) {', '.join(str(p) for p in locks)} exist and a live process "
-                          f"works in {work} ({shown}); wait for it to finish and try again")
+                          f"may hold them ({shown}); wait for it to finish and try again")
     for path in locks:
         path.unlink(missing_ok=True)
     return locks
