@@ -106,7 +106,8 @@ def _cmd_report(args, lay):
         return 0
     if args.old or args.new:
         _refuse_review_report(lay, args.output, args.json)
-        data = report_between_states(lay, args.old, args.new, run_tests=args.run_tests)
+        with locked(lay, "report"):  # it builds both stacks in the work repo
+            data = report_between_states(lay, args.old, args.new, run_tests=args.run_tests)
         if not args.output:
             from tools.rebase.render import render_markdown
             from tools.rebase.report import dumps

@@ -170,6 +170,8 @@ class Journal:
     def from_json(cls, text: str) -> "Journal":
         data = json.loads(text)
         _check(isinstance(data, dict), "not a JSON object")
+        _check(data.get("version") == JOURNAL_VERSION,
+               f"version {data.get('version')!r} is not {JOURNAL_VERSION} (another version of the tool wrote it)")
         data = dict(data)
         if isinstance(data.get("outcomes"), list):
             data["outcomes"] = [_build(Outcome, o, f"outcomes[{k}]") for k, o in enumerate(data["outcomes"])]
@@ -289,6 +291,9 @@ def load_backup(layout) -> Backup:
     try:
         return _build(Backup, json.loads(path.read_text()), "backup")
     except FileNotFoundError:
+        legacy = _legacy_backup(layout)
+        if legacy:
+            return legacy
         raise CorruptJournal(f"{path} is missing: the bump's backup is incomplete, so nothing can be "
                              f"restored from it; restore upstream.toml, patches/ and the report with git "
                              f"and run `python -m tools.rebase apply --force`") from None
@@ -296,6 +301,19 @@ def load_backup(layout) -> Backup:
         raise CorruptJournal(f"{path}: the bump's backup manifest is corrupt ({exc}); restore "
                              f"upstream.toml, patches/ and the report with git and run "
                              f"`python -m tools.rebase apply --force`") from None
+
+
+def _legacy_backup(layout):
+    """Version 1 kept the backup's manifest in the journal itself: read it from there."""
+    try:
+        data = json.loads(journal_path(layout).read_text())
+        if data.get("version") == 1:
+            return _build(Backup, {"present": data["backup_present"], "work_refs": data["work_refs"],
+                                   "work_head_ref": data["work_head_ref"], "work_head": data["work_head"]},
+                          "backup (from a version 1 journal)")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    return None
 
 
 def restore(layout) -> None:
