@@ -10,7 +10,6 @@ about a second.
 """
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
