@@ -30,7 +30,10 @@ from tools.rebase import resolutions as rr
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
-from tools.rebase.materialize import materialize
+from tools.rebase.gitlocks import clear_stale_locks
+from tools.rebase.killpoints import env_hook
+from tools.rebase.lock import locked
+from tools.rebase.materialize import local_edits, materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
@@ -41,10 +44,6 @@ LAST_NEW_REF = "refs/rebase/last-bump/new"
 
 class Stopped(RebaseError):
     """The bump stopped and waits for the maintainer (conflict or failing tests)."""
-
-
-def _no_hook(point, **info):
-    pass
 
 
 # ---------------------------------------------------------------- tests
@@ -155,7 +154,8 @@ def _describe(work: Path, base: str, tip: str):
     return rows
 
 
-def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool) -> str:
+def _recommit(work: Path, commit: str, parent: str, original: str, keep_message: bool,
+              move_head: bool = True) -> str:
     """Rewrite ``commit`` onto ``parent`` with ``original``'s author (and message unless
     ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
     fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
@@ -165,13 +165,15 @@ def _recommit(work: Path, commit: str, parent: str, original: str, keep_message:
     env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
            "GIT_COMMITTER_DATE": date}
     new = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=work, env=env, input=message).strip()
-    git("reset", "-q", "--soft", new, cwd=work)
+    if move_head:
+        git("reset", "-q", "--soft", new, cwd=work)
     return new
 
 
 def canonical_chain(work: Path, base: str, tip: str) -> str:
     """Make every commit of base..tip reproducible (tool committer, committer date = author date),
-    rewriting from the first one that is not (e.g. amended by hand); return the new tip."""
+    rewriting from the first one that is not (e.g. amended by hand); return the new tip. Only
+    objects are written: HEAD and branches stay (a bump may not touch them before its backup)."""
     from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
 
     out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
@@ -181,7 +183,7 @@ def canonical_chain(work: Path, base: str, tip: str) -> str:
     for sha, cn, ce, ad, cd in rows:
         dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
         if dirty:
-            parent = _recommit(work, sha, parent, sha, keep_message=True)
+            parent = _recommit(work, sha, parent, sha, keep_message=True, move_head=False)
         else:
             parent = sha
     return parent
@@ -211,15 +213,36 @@ def _head(work: Path) -> str:
 
 
 def _reset_to(work: Path, commit: str) -> None:
+    rr.forget_in_progress(work)  # first: `cherry-pick --quit` deletes MERGE_RR, which rerere clear reads
     for args in (("cherry-pick", "--quit"), ("merge", "--quit")):
         git_proc(*args, cwd=work)
-    rr.forget_in_progress(work)
     git("reset", "-q", "--hard", commit, cwd=work)
     git("clean", "-q", "-fd", cwd=work)
 
 
 def _base_label(pin: Pin) -> str:
     return f"{pin.package} {pin.version}" if pin.kind == "pypi" else f"{pin.url}@{(pin.ref or pin.commit[:12])}"
+
+
+def _refuse_package_edits(layout, why: str) -> None:
+    edits = local_edits(layout.package)
+    if edits:
+        shown = ", ".join(edits[:10]) + (" ..." if len(edits) > 10 else "")
+        raise RebaseError(f"{layout.package} has local edits ({shown}); {why}. Edits belong in the "
+                          f"work repo ({layout.work}), exported to patches/.")
+
+
+def _refuse_unsaved_work(layout) -> None:
+    """Refuse before anything changes: hand edits in megatron/ (re-materialized for the tests and
+    on abort) and *.patch files the series does not list (the bump's export would delete them)."""
+    from tools.rebase.series import read_series
+
+    _refuse_package_edits(layout, "a bump would overwrite them")
+    listed = set(read_series(layout.series).names) if layout.series.is_file() else set()
+    unlisted = sorted(p.name for p in layout.patches.glob("*.patch") if p.name not in listed)
+    if unlisted:
+        raise RebaseError(f"{layout.patches} holds patch files the series does not list: {', '.join(unlisted)}; "
+                          f"the bump's export would delete them: add them to the series or move them away")
 
 
 def _ensure_applied(layout) -> None:
@@ -247,7 +270,7 @@ def _export(layout, base: str, tip: str) -> list:
 # ---------------------------------------------------------------- the bump
 
 class Bump:
-    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=_no_hook, run_tests=True):
+    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True):
         self.layout = layout
         self.work = layout.work
         self.log = log
@@ -265,9 +288,12 @@ class Bump:
         existing = jr.load(layout)
         if existing:
             raise RebaseError(
-                f"a bump onto {existing['onto']} is already in progress ({existing['phase']}); "
+                f"a bump onto {existing.onto} is already in progress ({existing.phase}); "
                 f"run `python -m tools.rebase bump --continue` or `bump --abort` first"
             )
+        _refuse_unsaved_work(layout)
+        if (self.work / ".git").is_dir():
+            clear_stale_locks(self.work)  # left by a git killed with an earlier run
         old_pin = load_pin(layout.pin)
         new_pin = resolve_spec(layout, spec)
         if new_pin == old_pin:
@@ -280,43 +306,44 @@ class Bump:
         # branch itself stays where it was (abort must find it unchanged).
         old_head = git("rev-parse", "HEAD", cwd=work).strip()
         old_tip = canonical_chain(work, old_base, old_head)
-        if old_tip != old_head:
-            git("reset", "-q", "--soft", old_head, cwd=work)
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
         names = [n for _, n, _ in described]
-        self.j = jr.begin(layout, {
-            "onto": spec, "phase": "replaying",
-            "old_pin": old_pin.to_toml(), "new_pin": new_pin.to_toml(),
-            "old_base": old_base, "old_tip": old_tip, "old_head": old_head, "commits": commits, "names": names,
-            "dates": [d for _, _, d in described],
-            "next": 0, "tip": None, "new_base": None, "outcomes": [], "stopped": None,
-            "materialized": False, "tests": {},
-        })
+        self.j = jr.begin(layout, jr.Journal(
+            onto=spec, phase="replaying", old_pin=old_pin.to_toml(), new_pin=new_pin.to_toml(),
+            old_base=old_base, old_tip=old_tip, old_head=old_head, commits=commits, names=names,
+            dates=[d for _, _, d in described],
+        ))
         self.hook("after-backup")
-        new_base = import_base(work, layout.cache, new_pin)
-        self.j["new_base"] = new_base
-        self.j["tip"] = new_base
-        self._save()
-        loaded = rr.import_resolutions(layout.resolutions, work)
+        loaded = self._import_new_base(new_pin)
+        self.hook("after-import")
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))
         return self._run()
+
+    def _import_new_base(self, new_pin) -> int:
+        """Import the new base and load patches/resolutions/ into an rr-cache holding nothing else
+        (the one from before the bump is in the backup), so only exported resolutions are reused."""
+        new_base = import_base(self.work, self.layout.cache, new_pin)
+        rr.reset_cache(self.work)
+        loaded = rr.import_resolutions(self.layout.resolutions, self.work)
+        self.j.new_base = new_base
+        self.j.tip = new_base
+        self._save()
+        return loaded
 
     def resume(self, drop: bool = False):
         self.j = jr.load(self.layout)
         if not self.j:
             raise RebaseError("no bump in progress (nothing to continue)")
         work = self.work
-        phase = self.j["phase"]
+        clear_stale_locks(work)
+        phase = self.j.phase
         if drop and phase != "stopped":
             raise RebaseError("--drop applies only while the bump is stopped at a conflicting patch")
-        if self.j["new_base"] is None:  # killed while importing the new base: start that step again
-            new_base = import_base(work, self.layout.cache, _pin_from_toml(self.j["new_pin"]))
-            self.j.update(new_base=new_base, tip=new_base)
-            self._save()
-            rr.import_resolutions(self.layout.resolutions, work)
+        if self.j.new_base is None:  # killed while importing the new base: start that step again
+            self._import_new_base(_pin_from_toml(self.j.new_pin))
         if phase == "stopped":
             self._continue_stopped(drop)
         elif phase == "replaying":
@@ -325,28 +352,45 @@ class Bump:
             head = git("rev-parse", "HEAD", cwd=work).strip()
             if not is_clean(work):
                 raise RebaseError(f"{work} has uncommitted changes; commit (amend the patch) first")
-            if head != self.j["tip"]:
-                if git("rev-list", "--count", f"{self.j['new_base']}..{head}", cwd=work).strip() != \
-                        git("rev-list", "--count", f"{self.j['new_base']}..{self.j['tip']}", cwd=work).strip():
+            if head != self.j.tip:
+                if git("rev-list", "--count", f"{self.j.new_base}..{head}", cwd=work).strip() != \
+                        git("rev-list", "--count", f"{self.j.new_base}..{self.j.tip}", cwd=work).strip():
                     raise RebaseError("the work repo must keep one commit per patch while fixing tests")
-                self.j["tip"] = head
-            self.j["phase"] = "testing"
+                self.j.tip = head
+            self.j.phase = "testing"
             self._save()
         return self._run()
 
     def abort(self):
-        j = jr.load(self.layout)
-        if not j:
+        layout = self.layout
+        if not jr.in_progress(layout):
             raise RebaseError("no bump in progress (nothing to abort)")
-        jr.restore(self.layout, j)
-        if j.get("materialized"):
-            from tools.rebase.state import read_state
+        try:
+            j = jr.load(layout)
+        except jr.CorruptJournal as exc:  # the backup alone is enough to restore
+            j = None
+            self.log(f"warning: {exc}")
+        jr.restore(layout)
+        if j is None or j.materialized:
+            self._rematerialize()
+        jr.finish(layout)
+        self.log(f"bump onto {j.onto if j else '(unknown: journal unreadable)'} aborted: "
+                 f"pin, patches/, report and work repo restored")
 
-            version = read_state(self.layout).get("version")
-            if version and (self.work / "megatron").is_dir():
-                materialize(self.work, self.layout.package, version, force=True)
-        jr.finish(self.layout)
-        self.log(f"bump onto {j['onto']} aborted: pin, patches/, report and work repo restored")
+    def _rematerialize(self):
+        """Put back the megatron/ of the restored stack (the tests may have rewritten it); edits
+        made by hand since then are kept (the bump refused to start over edits)."""
+        from tools.rebase.state import read_state
+
+        version = read_state(self.layout, tolerate_corrupt=True).get("version")
+        if not version or not self.layout.package.is_dir() or not (self.work / "megatron").is_dir():
+            return
+        edits = local_edits(self.layout.package)
+        if edits:
+            self.log(f"warning: {self.layout.package} has edits made during the bump ({', '.join(edits[:5])}); "
+                     f"left as is: `python -m tools.rebase apply --force` rebuilds it")
+            return
+        materialize(self.work, self.layout.package, version)
 
     # -- replay
     def _recover_replay(self):
@@ -355,12 +399,20 @@ class Bump:
         if (work / ".git" / "rebase-merge").is_dir():
             git_proc("rebase", "--quit", cwd=work)
         head = git("rev-parse", "HEAD", cwd=work).strip()
-        if head != j["tip"] and not (j["next"] == 0 and head in (j["old_tip"], j.get("old_head"))):
-            if git_proc("merge-base", "--is-ancestor", j["tip"], head, cwd=work).returncode != 0:
+        if j.picking is not None:  # killed while committing a patch rerere had resolved
+            idx = j.picking.index
+            if head != j.tip and rev_parse(work, f"{head}^") == j.tip and _patch_name(work, head) == j.names[idx]:
+                self._record_recorded(idx, head)
+                _reset_to(work, head)
+                return
+            j.picking = None  # not committed: it is replayed (and resolved) again
+            self._save()
+        if head != j.tip and not (j.next == 0 and head in (j.old_tip, j.old_head)):
+            if git_proc("merge-base", "--is-ancestor", j.tip, head, cwd=work).returncode != 0:
                 raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
-                                  f"({j['tip'][:12]}); run bump --abort")
+                                  f"({j.tip[:12]}); run bump --abort")
             self._adopt(head, end=None)
-        _reset_to(work, j["tip"])
+        _reset_to(work, j.tip)
 
     def _adopt(self, head, end):
         """Record the commits ``tip..head`` (made by one ``git rebase``) as replayed patches.
@@ -369,12 +421,12 @@ class Bump:
         rebase stopped at (or ``len(commits)`` when it finished), so the skipped patches before it
         are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
         j = self.j
-        pos = j["next"]
-        limit = end if end is not None else len(j["commits"])
+        pos = j.next
+        limit = end if end is not None else len(j.commits)
         skipped = []
-        for sha, name, _ in (_describe(self.work, j["tip"], head) if head != j["tip"] else []):
+        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
             k = pos
-            while k < limit and j["names"][k] != name:
+            while k < limit and j.names[k] != name:
                 k += 1
             if k == limit:
                 raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
@@ -387,56 +439,54 @@ class Bump:
             pos = end
         for k in skipped:
             self._note(k, "absorbed", upstream="", how="empty after replay")
-        j["outcomes"].sort(key=lambda o: o["index"])
-        j["next"] = pos
+        j.outcomes.sort(key=lambda o: o.index)
+        j.next = pos
         self._save()
         for k in skipped:  # naming the absorbing commit needs the outcome list to be saved first
             up, how = self._name_absorber(k, "empty after replay")
-            for o in j["outcomes"]:
-                if o["index"] == k:
-                    o.update(upstream=up, how=how)
-            self.log(f"  {j['names'][k]}: absorbed upstream ({how})")
+            for o in j.outcomes:
+                if o.index == k:
+                    o.upstream, o.how = up, how
+            self.log(f"  {j.names[k]}: absorbed upstream ({how})")
         if skipped:
             self._save()
 
     def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
-        j["outcomes"].append({
-            "index": idx, "name": j["names"][idx], "old": j["commits"][idx], "new": new_commit,
-            "outcome": outcome, "upstream": upstream, "how": how, "note": note,
-        })
+        j.outcomes.append(jr.Outcome(index=idx, name=j.names[idx], old=j.commits[idx], new=new_commit,
+                                     outcome=outcome, upstream=upstream, how=how, note=note))
         if new_commit:
-            j["tip"] = new_commit
+            j.tip = new_commit
 
     def _record(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
         self._note(idx, outcome, new_commit, upstream, how, note)
-        j["next"] = idx + 1
-        j["stopped"] = None
-        j["phase"] = "replaying"
+        j.next = idx + 1
+        j.stopped = j.picking = None
+        j.phase = "replaying"
         self._save()
 
     def _upstream_candidates(self):
         j = self.j
-        old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
+        old_pin, new_pin = _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin)
         if old_pin.kind != "git" or new_pin.kind != "git":
             return None
         if not hasattr(self, "_candidates"):
-            paths = sorted({p for c in j["commits"] for p in _files_of(self.work, c)})
+            paths = sorted({p for c in j.commits for p in _files_of(self.work, c)})
             self._candidates = upstream_commits(self.work, old_pin.commit, new_pin.commit, paths)
         return self._candidates
 
     def _absorbed_by(self, idx):
         """(upstream commit or "", how) if patch idx is already in the new base, else None."""
         work, j = self.work, self.j
-        commit = j["commits"][idx]
+        commit = j.commits[idx]
         patch = list_range(work, f"{commit}^", commit)[0]
         candidates = self._upstream_candidates()
         if candidates:
             found, how = find_absorbing_commit(work, patch, candidates)
             if found and how == "same patch-id":
                 return found, how
-        if reverse_applies(work, j["tip"], patch.diff):
+        if reverse_applies(work, j.tip, patch.diff):
             found, how = find_absorbing_commit(work, patch, candidates or [])
             return found or "", "already applied: its reverse applies to the new tree" + (
                 f"; carried by upstream {found[:12]} ({how})" if found else "")
@@ -446,7 +496,7 @@ class Bump:
         candidates = self._upstream_candidates()
         if not candidates:
             return "", why
-        commit = self.j["commits"][idx]
+        commit = self.j.commits[idx]
         patch = list_range(self.work, f"{commit}^", commit)[0]
         found, how = find_absorbing_commit(self.work, patch, candidates)
         return (found, f"{why}; {how}") if found else ("", why)
@@ -454,98 +504,102 @@ class Bump:
     def _run(self):
         j = self.j
         work = self.work
-        while j["phase"] == "replaying" and j["next"] < len(j["commits"]):
+        while j.phase == "replaying" and j.next < len(j.commits):
             # Replay everything left with one `git rebase` (3-way merges, rerere on, committer
             # date = author date so ids are reproducible); it stops at the first conflict.
-            first = j["next"]
-            upstream = j["commits"][first - 1] if first else j["old_base"]
-            proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j["tip"], "--reapply-cherry-picks",
+            first = j.next
+            upstream = j.commits[first - 1] if first else j.old_base
+            proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j.tip, "--reapply-cherry-picks",
                             "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",
-                            "--no-update-refs", upstream, j["old_tip"], cwd=work)
+                            "--no-update-refs", upstream, j.old_tip, cwd=work)
             self.hook("after-rebase", index=first)
             idx = None
             if (work / ".git" / "rebase-merge").is_dir():
                 stopped = _read(work / ".git" / "REBASE_HEAD")
-                idx = next((k for k in range(first, len(j["commits"]))
-                            if stopped and j["commits"][k].startswith(stopped)), None)
+                idx = next((k for k in range(first, len(j.commits))
+                            if stopped and j.commits[k].startswith(stopped)), None)
                 git_proc("rebase", "--quit", cwd=work)
                 if idx is None:
                     _reset_to(work, _head(work))
                     raise RebaseError(f"git rebase stopped without naming the patch:\n"
                                       f"{(proc.stdout + proc.stderr).strip()}")
             elif proc.returncode != 0:
-                _reset_to(work, j["tip"])
+                _reset_to(work, j.tip)
                 raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
-            self._adopt(_head(work), end=idx if idx is not None else len(j["commits"]))
+            self._adopt(_head(work), end=idx if idx is not None else len(j.commits))
             if idx is None:
                 break
-            commit = j["commits"][idx]
+            commit = j.commits[idx]
             unmerged = _unmerged(work)
             if not unmerged and not _marker_files(work):
                 # Nothing left to merge: rerere resolved every conflict from a recorded resolution
                 # (or the result is empty: already in the new base).
                 if _staged_changes(work):
-                    new = _commit_pick(work, commit, j["dates"][idx])
-                    self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
-                    self.log(f"  {j['names'][idx]}: conflict resolved by a recorded resolution")
+                    ids = rr.conflict_ids(work)
+                    j.picking = jr.StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
+                    self._save()  # a kill after the commit below must not pass it off as a clean replay
+                    new = _commit_pick(work, commit, j.dates[idx])
+                    self.hook("after-pick", index=idx)
+                    self._record_recorded(idx, new)
+                    self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution")
                 else:
-                    _reset_to(work, j["tip"])
+                    _reset_to(work, j.tip)
                     up, how = self._name_absorber(idx, "empty after the recorded resolution")
                     self._record(idx, "absorbed", upstream=up, how=how)
                 continue
             if not unmerged:
-                _reset_to(work, j["tip"])
-                raise RebaseError(f"replaying {j['names'][idx]} failed:\n{(proc.stdout + proc.stderr).strip()}")
+                _reset_to(work, j.tip)
+                raise RebaseError(f"replaying {j.names[idx]} failed:\n{(proc.stdout + proc.stderr).strip()}")
             ids = rr.conflict_ids(work)
             absorbed = self._absorbed_by(idx)
             if absorbed:
-                _reset_to(work, j["tip"])
+                _reset_to(work, j.tip)
                 self._record(idx, "absorbed", upstream=absorbed[0], how=absorbed[1])
-                self.log(f"  {j['names'][idx]}: absorbed upstream ({absorbed[1]})")
+                self.log(f"  {j.names[idx]}: absorbed upstream ({absorbed[1]})")
                 continue
             rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
-            j["phase"] = "stopped"
-            j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids,
-                            "upstream": self._upstream_touching(unmerged)}
+            j.phase = "stopped"
+            j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids,
+                                    upstream=self._upstream_touching(unmerged))
             self._save()
             raise Stopped(self._conflict_summary())
-        if j["phase"] == "replaying":
-            j["phase"] = "testing"
+        if j.phase == "replaying":
+            j.phase = "testing"
             self._save()
-        if j["phase"] == "testing":
+        if j.phase == "testing":
             self._test_resolved()
-        if j["phase"] == "finishing":
+        if j.phase == "finishing":
             return self._finish()
         return None
 
     def _upstream_touching(self, files):
         j = self.j
-        old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
+        old_pin, new_pin = _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin)
         if old_pin.kind == "git" and new_pin.kind == "git":
             out = git("log", "--no-merges", "--format=%H %s", f"{old_pin.commit}..{new_pin.commit}", "--",
                       *files, cwd=self.work)
             return [{"commit": line[:40], "subject": line[41:]} for line in out.splitlines()]
-        out = git("diff", "--numstat", j["old_base"], j["new_base"], "--", *files, cwd=self.work)
+        out = git("diff", "--numstat", j.old_base, j.new_base, "--", *files, cwd=self.work)
         return [{"file": parts[2], "added": parts[0], "removed": parts[1]}
                 for parts in (line.split("\t", 2) for line in out.splitlines())]
 
     def _conflict_summary(self) -> str:
         j = self.j
-        s = j["stopped"]
-        idx = s["index"]
-        new_pin = _pin_from_toml(j["new_pin"])
+        s = j.stopped
+        idx = s.index
+        new_pin = _pin_from_toml(j.new_pin)
         lines = [
-            f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
+            f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "
             f"conflicts with {_base_label(new_pin)} in:",
-            *[f"  {f}" for f in s["files"]],
+            *[f"  {f}" for f in s.files],
         ]
-        if s["upstream"] and "commit" in s["upstream"][0]:
-            old_pin = _pin_from_toml(j["old_pin"])
+        if s.upstream and "commit" in s.upstream[0]:
+            old_pin = _pin_from_toml(j.old_pin)
             lines.append(f"upstream commits in {old_pin.commit[:12]}..{new_pin.commit[:12]} touching these files:")
-            lines += [f"  {u['commit'][:12]} {u['subject']}" for u in s["upstream"]]
-        elif s["upstream"]:
+            lines += [f"  {u['commit'][:12]} {u['subject']}" for u in s.upstream]
+        elif s.upstream:
             lines.append("upstream changes to these files between the bases:")
-            lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s["upstream"]]
+            lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s.upstream]
         else:
             lines.append("(no upstream commit between the bases touches these files)")
         lines += [
@@ -557,25 +611,25 @@ class Bump:
 
     def _continue_stopped(self, drop: bool):
         j, work = self.j, self.work
-        s = j["stopped"]
-        idx = s["index"]
-        name = j["names"][idx]
+        s = j.stopped
+        idx = s.index
+        name = j.names[idx]
         if drop:
-            _reset_to(work, j["tip"])
+            _reset_to(work, j.tip)
             self._record(idx, "dropped", note="removed on purpose by the maintainer")
             self.log(f"  {name}: dropped")
             return
         head = git("rev-parse", "HEAD", cwd=work).strip()
-        if head != j["tip"]:
-            if rev_parse(work, f"{head}^") == j["tip"] and is_clean(work):
+        if head != j.tip:
+            if rev_parse(work, f"{head}^") == j.tip and is_clean(work):
                 # The maintainer committed the resolution: keep its tree (and its message when it
                 # still names the patch), with the original author and a reproducible commit id.
                 keep = _patch_name(work, head) == name
-                new = _recommit(work, head, j["tip"], j["commits"][idx], keep_message=keep)
-                rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
+                new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
+                self._export_resolutions(name, s.rerere_ids)
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
                 return
-            raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j['tip'][:12]} with the "
+            raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j.tip[:12]} with the "
                               f"resolution of {name} staged (do not commit it yourself)")
         unmerged = _unmerged(work)
         if unmerged:
@@ -590,61 +644,78 @@ class Bump:
         rr.record(work)
         self.hook("after-record", index=idx)
         if _staged_changes(work):
-            new = _commit_pick(work, j["commits"][idx], j["dates"][idx])
-            rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
+            new = _commit_pick(work, j.commits[idx], j.dates[idx])
+            self.hook("after-pick", index=idx)
+            self._export_resolutions(name, s.rerere_ids)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
-            _reset_to(work, j["tip"])
+            _reset_to(work, j.tip)
             up, how = self._name_absorber(idx, "empty after conflict resolution")
             self._record(idx, "absorbed", upstream=up, how=how)
+
+    def _record_recorded(self, idx: int, new: str) -> None:
+        self._export_resolutions(self.j.names[idx], self.j.picking.rerere_ids)
+        self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+
+    def _export_resolutions(self, name: str, ids: list) -> None:
+        """Store the resolutions rerere holds for ``ids`` under patches/resolutions/<name>/; say so
+        when one could not be recorded (it will have to be resolved again on the next bump)."""
+        missing = rr.export_resolutions(self.work, self.layout.resolutions, name, ids)
+        if missing:
+            self.log(f"  warning: {name}: rerere recorded no resolution for conflict(s) {', '.join(missing)}; "
+                     f"the next bump will stop there again")
 
     # -- tests and finish
     def _test_resolved(self):
         j = self.j
-        todo = [o for o in j["outcomes"] if o["outcome"] in ("resolved-recorded", "resolved-manual")]
+        todo = [o for o in j.outcomes if o.outcome in ("resolved-recorded", "resolved-manual")]
         if not self.run_tests or not todo:
-            j["phase"] = "finishing"
+            j.phase = "finishing"
             self._save()
             return
         work = self.work
-        git("checkout", "-q", "-f", "--detach", j["tip"], cwd=work)
+        if not j.materialized:
+            _refuse_package_edits(self.layout, "the tests of the resolved patches would overwrite them; "
+                                  "move them away (or `bump --continue --no-tests`)")
+        git("checkout", "-q", "-f", "--detach", j.tip, cwd=work)
         if (work / "megatron").is_dir():
-            j["materialized"] = True
+            j.materialized = True
             self._save()
             materialize(work, self.layout.package, "0+bump.testing", force=True)
         failures, results = [], {}
-        by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
+        by_name = {n: c for c, n, _ in _describe(work, j.new_base, j.tip)}
         for o in todo:
-            commit = by_name.get(o["name"])
+            commit = by_name.get(o.name)
             if not commit:
                 continue
             ids = _tests_of(work, commit)
-            outcome = self.test_runner(self.layout, o["name"], ids) if ids else {}
-            results[o["name"]] = outcome
-            failures += [f"{o['name']}: {node}: {res}" for node, res in sorted(outcome.items()) if res != "passed"]
-        j["tests"] = results
+            outcome = self.test_runner(self.layout, o.name, ids) if ids else {}
+            results[o.name] = outcome
+            failures += [f"{o.name}: {node}: {res}" for node, res in sorted(outcome.items()) if res != "passed"]
+        j.tests = results
         if failures:
-            j["phase"] = "tests-failed"
+            j.phase = "tests-failed"
             self._save()
             raise Stopped("bump stopped: tests of patches whose conflicts were resolved fail:\n  "
                           + "\n  ".join(failures)
                           + f"\nFix the patch in {work} (amend its commit), then `bump --continue`; "
                             "`bump --continue --no-tests` accepts as is; `bump --abort` restores everything.")
-        j["phase"] = "finishing"
+        j.phase = "finishing"
         self._save()
+        self.hook("after-tests")
 
     def _finish(self):
         j, layout, work = self.j, self.layout, self.work
-        new_pin = _pin_from_toml(j["new_pin"])
-        old_pin = _pin_from_toml(j["old_pin"])
-        tip = canonical_chain(work, j["new_base"], j["tip"])
-        if tip != j["tip"]:
-            j["tip"] = tip
+        new_pin = _pin_from_toml(j.new_pin)
+        old_pin = _pin_from_toml(j.old_pin)
+        tip = canonical_chain(work, j.new_base, j.tip)
+        if tip != j.tip:
+            j.tip = tip
             self._save()
-        layout.pin.write_text(j["new_pin"])
+        layout.pin.write_text(j.new_pin)
         self.hook("after-pin")
-        _to_branch(work, j["tip"])
-        patches = _export(layout, j["new_base"], j["tip"])
+        _to_branch(work, j.tip)
+        patches = _export(layout, j.new_base, j.tip)
         self.hook("after-export")
         rr.prune(layout.resolutions, {p.name for p in patches})
         from tools.rebase.listing import BEGIN, update_readme
@@ -653,26 +724,26 @@ class Bump:
         if readme.is_file() and BEGIN in readme.read_text():
             update_readme(layout)  # the patch table names the base; keep check green
         git("update-ref", "--stdin", cwd=work,
-            input=f"update {LAST_OLD_REF} {j['old_tip']}\nupdate {LAST_NEW_REF} {j['tip']}\n")
+            input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
         tests = {}
         by_name = {}
-        if j.get("tests"):
-            by_name = {n: c for c, n, _ in _describe(work, j["new_base"], j["tip"])}
-        for name, outcome in j.get("tests", {}).items():
+        if j.tests:
+            by_name = {n: c for c, n, _ in _describe(work, j.new_base, j.tip)}
+        for name, outcome in j.tests.items():
             if name in by_name and outcome:
                 tests[by_name[name]] = outcome
         hints = {"absorbed": {}, "dropped": [], "notes": {}}
-        for o in j["outcomes"]:
-            if o["outcome"] == "absorbed":
-                hints["absorbed"][o["old"]] = [o["upstream"], o["how"]]
-            elif o["outcome"] == "dropped":
-                hints["dropped"].append(o["old"])
-            elif o["note"] and o["new"]:
-                hints["notes"][o["new"]] = o["note"]
+        for o in j.outcomes:
+            if o.outcome == "absorbed":
+                hints["absorbed"][o.old] = [o.upstream, o.how]
+            elif o.outcome == "dropped":
+                hints["dropped"].append(o.old)
+            elif o.note and o.new:
+                hints["notes"][o.new] = o.note
         record = {
-            "old_pin": j["old_pin"], "new_pin": j["new_pin"],
-            "old_base": j["old_base"], "old_tip": j["old_tip"],
-            "new_base": j["new_base"], "new_tip": j["tip"],
+            "old_pin": j.old_pin, "new_pin": j.new_pin,
+            "old_base": j.old_base, "old_tip": j.old_tip,
+            "new_base": j.new_base, "new_tip": j.tip,
             "hints": hints, "tests": tests,
         }
         last = jr.last_bump_dir(layout)
@@ -728,12 +799,15 @@ def _files_of(work: Path, commit: str) -> list:
 # ---------------------------------------------------------------- entry points
 
 def bump(layout, spec: str, **kw):
-    return Bump(layout, **kw).start(spec)
+    with locked(layout, "bump"):
+        return Bump(layout, **kw).start(spec)
 
 
 def bump_continue(layout, drop: bool = False, **kw):
-    return Bump(layout, **kw).resume(drop=drop)
+    with locked(layout, "bump --continue"):
+        return Bump(layout, **kw).resume(drop=drop)
 
 
 def bump_abort(layout, **kw):
-    return Bump(layout, **kw).abort()
+    with locked(layout, "bump --abort"):
+        return Bump(layout, **kw).abort()

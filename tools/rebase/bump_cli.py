@@ -28,7 +28,8 @@ def register(sub):
     p.add_argument("--repo", help="compare two git ranges of this repository (a plain branch stack works)")
     p.add_argument("--old", help="BASE..TIP with --repo; else a commit of this checkout (its patches/ state)")
     p.add_argument("--new", help="BASE..TIP with --repo; else a commit of this checkout (default: working tree)")
-    p.add_argument("--output", help="Markdown file (default REBASE_REPORT.md at the checkout root)")
+    p.add_argument("--output", help="Markdown file (last bump: default REBASE_REPORT.md at the checkout root; "
+                                    "comparisons: default stdout, never REBASE_REPORT.md)")
     p.add_argument("--json", help="JSON twin (default REBASE_REPORT.json next to the default Markdown)")
     p.add_argument("--run-tests", action="store_true",
                    help="run each new patch's Tests: (against this checkout's megatron/) and add a column")
@@ -80,10 +81,20 @@ def _tests_for(repo, data, runner_root):
     return results
 
 
+def _refuse_review_report(lay, *paths):
+    """Only bump and a plain ``report`` write the committed review report."""
+    for path in paths:
+        if path and Path(path).resolve() in (lay.report_md.resolve(), lay.report_json.resolve()):
+            raise RebaseError(f"{path} is the last bump's review report (written only by bump and a plain "
+                              f"`report`); write this comparison to another --output/--json")
+
+
 def _cmd_report(args, lay):
+    from tools.rebase.lock import locked
     from tools.rebase.report import build_report, write_report
 
     if args.repo:
+        _refuse_review_report(lay, args.output, args.json)
         if not args.old or not args.new:
             raise RebaseError("--repo needs --old BASE..TIP and --new BASE..TIP")
         if not args.output:
@@ -99,13 +110,26 @@ def _cmd_report(args, lay):
         write_report(data, Path(args.output), Path(args.json) if args.json else None)
         print(f"wrote {args.output}" + (f" and {args.json}" if args.json else ""))
         return 0
+    if args.old or args.new:
+        _refuse_review_report(lay, args.output, args.json)
+        with locked(lay, "report"):  # it builds both stacks in the work repo
+            data = report_between_states(lay, args.old, args.new, run_tests=args.run_tests)
+        if not args.output:
+            from tools.rebase.render import render_markdown
+            from tools.rebase.report import dumps
+
+            if args.json:
+                Path(args.json).write_text(dumps(data))
+            sys.stdout.write(render_markdown(data))
+            return 0
+        write_report(data, Path(args.output), Path(args.json) if args.json else None)
+        print(f"wrote {args.output}" + (f" and {args.json}" if args.json else ""))
+        return 0
     md = Path(args.output) if args.output else lay.report_md
     js = Path(args.json) if args.json else (lay.report_json if not args.output else None)
-    if args.old or args.new:
-        data = report_between_states(lay, args.old, args.new, run_tests=args.run_tests)
-    else:
+    with locked(lay, "report"):
         data = report_last_bump(lay, run_tests=args.run_tests)
-    write_report(data, md, js)
+        write_report(data, md, js)
     print(f"wrote {md}" + (f" and {js}" if js else ""))
     return 0
 
@@ -115,10 +139,15 @@ def report_last_bump(lay, run_tests=False):
     from tools.rebase.journal import last_bump_dir
 
     path = last_bump_dir(lay) / "record.json"
-    if not path.is_file():
-        raise RebaseError(f"no bump recorded in this checkout ({path} is missing); compare two states "
-                          f"with --old REV [--new REV], or two ranges with --repo")
-    record = json.loads(path.read_text())
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+        except ValueError as exc:
+            raise RebaseError(f"{path} is corrupt ({exc}); delete it to rebuild the record from git history") from None
+    else:  # a fresh clone: rebuild it from the commit that moved the pin and the committed report
+        from tools.rebase.lastbump import record_from_history
+
+        record = record_from_history(lay, _stack_at)
     tests = None
     if run_tests:
         from tools.rebase.state import read_state

@@ -25,8 +25,11 @@ def _cmd_export(args, lay):
 
 def _cmd_check(args, lay):
     from tools.rebase.check import check
+    from tools.rebase.lock import locked
+    from tools.rebase.workrepo import APPLY_LOCK_WAIT
 
-    problems = check(lay)
+    with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
+        problems = check(lay)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
@@ -40,7 +43,10 @@ def _cmd_list(args, lay):
     from tools.rebase.listing import patch_table, update_readme
 
     if args.update_readme:
-        print("README.md updated" if update_readme(lay) else "README.md already current")
+        from tools.rebase.lock import locked
+
+        with locked(lay, "list --update-readme"):
+            print("README.md updated" if update_readme(lay) else "README.md already current")
     else:
         sys.stdout.write(patch_table(lay))
     return 0

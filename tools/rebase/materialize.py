@@ -5,10 +5,12 @@ re-materializing refuses instead of silently discarding the edits (edits belong 
 """
 
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
@@ -102,9 +104,9 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
             f"Edit the work repo (.rebase/work) and export instead, or pass --force to discard them."
         )
     refuse_symlinks(source)
-    staging = target.with_name(target.name + ".tmp-materialize")
-    if staging.exists():
-        shutil.rmtree(staging)
+    for stale in target.parent.glob(target.name + ".tmp-*"):  # left by a killed run (callers hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = target.with_name(f"{target.name}.tmp-materialize-{os.getpid()}")
     shutil.copytree(source, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     info = staging / VERSION_FILE
     info.write_text(info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
@@ -114,12 +116,27 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
         return False
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=0, sort_keys=True))
     if target.exists():
-        old = target.with_name(target.name + ".tmp-old")
-        if old.exists():
-            shutil.rmtree(old)
+        old = target.with_name(f"{target.name}.tmp-old-{os.getpid()}")
         os.replace(target, old)
         os.replace(staging, target)
         shutil.rmtree(old)
     else:
         os.replace(staging, target)
     return True
+
+
+@contextlib.contextmanager
+def commit_tree_copy(work: Path, commit: str, scratch_parent: Path):
+    """A temporary folder holding ``commit``'s ``megatron/`` as git would check it out, made with
+    a private index, so the work repo's checkout and branch stay where they are."""
+    from tools.rebase.gitcmd import git
+
+    scratch_parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"tree-{os.getpid()}-", dir=scratch_parent))
+    try:
+        env = {"GIT_INDEX_FILE": str(tmp / "index")}
+        git("read-tree", f"{commit}:{PACKAGE_DIR}", cwd=work, env=env)
+        git("checkout-index", "-a", f"--prefix={tmp / 'tree' / PACKAGE_DIR}/", cwd=work, env=env)
+        yield tmp / "tree"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

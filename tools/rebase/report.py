@@ -249,6 +249,6 @@ def write_report(data: dict, md_path: Path, json_path: Path = None) -> None:
             continue
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)

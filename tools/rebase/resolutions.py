@@ -59,6 +59,19 @@ def import_resolutions(store: Path, work: Path) -> int:
     return count
 
 
+def reset_cache(work: Path) -> None:
+    """Empty the rr-cache (a bump keeps the old one in its backup), so a bump reuses only the
+    resolutions exported to patches/resolutions/, never one a fresh clone would not have."""
+    shutil.rmtree(rr_cache(work), ignore_errors=True)
+
+
+def _split_id(rid: str):
+    """MERGE_RR names a conflict ``<hash>`` or, when rerere keeps several resolutions for the same
+    hash, ``<hash>.<variant>`` (files ``preimage.<variant>``/``postimage.<variant>``)."""
+    name, _, variant = rid.partition(".")
+    return name, ("." + variant if variant and variant != "0" else "")
+
+
 def conflict_ids(work: Path) -> list:
     """The rerere ids of the conflicts of the merge now in progress (from ``.git/MERGE_RR``)."""
     merge_rr = work / ".git" / "MERGE_RR"
@@ -77,21 +90,27 @@ def record(work: Path) -> None:
 
 
 def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> list:
-    """Copy the rr-cache entries ``ids`` that hold a resolution into ``store/patch_name``."""
-    written = []
+    """Copy the resolutions of the conflicts ``ids`` (any variant) into ``store/patch_name/<hash>/``
+    as ``preimage``/``postimage``; return the ids rerere holds no resolution for."""
+    missing = []
     for rid in ids:
         _check_entry(patch_name, rid, f"resolution of {patch_name!r}")
-        entry = rr_cache(work) / rid
-        if not entry.is_dir() or not any(p.name.startswith("postimage") for p in entry.iterdir()):
+        name, suffix = _split_id(rid)
+        entry = rr_cache(work) / name
+        pre, post = entry / f"preimage{suffix}", entry / f"postimage{suffix}"
+        if not (pre.is_file() and post.is_file()):
+            missing.append(rid)
             continue
-        target = store / patch_name / rid
+        target = store / patch_name / name
         target.mkdir(parents=True, exist_ok=True)
-        for image in _images(entry):
-            data = image.read_bytes()
-            if not (target / image.name).is_file() or (target / image.name).read_bytes() != data:
-                (target / image.name).write_bytes(data)
-        written.append(rid)
-    return written
+        for stale in _images(target):
+            if stale.name not in ("preimage", "postimage"):
+                stale.unlink()
+        for source, dest in ((pre, target / "preimage"), (post, target / "postimage")):
+            data = source.read_bytes()
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.write_bytes(data)
+    return missing
 
 
 def prune(store: Path, keep_names) -> None:

@@ -203,7 +203,7 @@ def _records(work: Path, commit: str, pin: Pin) -> bool:
 
 def _write_tree(work: Path, top: Path) -> str:
     """Hash a directory into ``work``'s object store without touching its index or checkout."""
-    index = work / ".git" / "import-index"
+    index = work / ".git" / f"import-index-{os.getpid()}"  # per process: never shared with another run
     index.unlink(missing_ok=True)
     env = {"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": str(top), "GIT_DIR": str(work / ".git")}
     try:
