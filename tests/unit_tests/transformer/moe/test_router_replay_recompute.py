@@ -11,8 +11,6 @@ The workers run on two spawned gloo ranks on CPU; the GPU-marked classes run the
 with NCCL on two GPUs (pipeline parallel, and expert parallel with the alltoall dispatcher).
 """
 
-import functools
-
 import pytest
 import torch
 
@@ -40,7 +38,7 @@ class ScheduleProbe:
 
     A forward of micro-batch m is tagged with m (the forward step sets it); a recompute runs
     inside backward with grad enabled and is matched to its micro-batch by its router input,
-    which the recompute reproduces bit for bit (same weights, same inputs, same RNG state).
+    which the recompute reproduces (same weights, inputs and RNG state; bit for bit on CPU).
     """
 
     def __init__(self, chunks):
@@ -76,10 +74,8 @@ class ScheduleProbe:
             self.microbatch = m
             layers = RouterReplay.get_replay_layer_numbers(chunk)
             RouterReplay.set_replay_data({n: replay[m][n] for n in layers}, model=chunk)
-            out = chunk(
-                tokens.to(device), position_ids.to(device), mask.to(device),
-                labels=tokens.to(device),
-            )
+            tokens, position_ids, mask = (t.to(device) for t in (tokens, position_ids, mask))
+            out = chunk(tokens, position_ids, mask, labels=tokens)
             self.microbatch = None
 
             def loss_func(output):
@@ -222,8 +218,12 @@ def _expert_parallel_steps(rank, world_size, dispatcher):
     reset_router_replay()
     torch.manual_seed(7)
     chunks = _chunks(
-        pp=1, vp=None, num_layers=2, expert_model_parallel_size=2,
-        moe_token_dispatcher_type=dispatcher, recompute_num_layers=2,
+        pp=1,
+        vp=None,
+        num_layers=2,
+        expert_model_parallel_size=2,
+        moe_token_dispatcher_type=dispatcher,
+        recompute_num_layers=2,  # one checkpoint over both layers
     )
     _train_forward_only_train(chunks, _forwards_then_backwards, [1, 2])
 
