@@ -4,7 +4,9 @@ Megatron-core assumes CUDA in a few corners that have nothing to do with what th
 the global memory buffer asks ``torch.cuda.current_device()`` for its device, and the model-parallel
 RNG tracker snapshots and restores CUDA generator states. On a machine without CUDA we point the
 device at the CPU and keep the "CUDA" generator state in a separate CPU generator, so forking the
-tracker neither fails nor disturbs the CPU stream. Nothing here is installed when CUDA is present.
+tracker neither fails nor disturbs the CPU stream. The pipeline schedules allocate their token
+counter with ``device="cuda"``; in that module alone such tensors are made on the CPU. Nothing here is
+installed when CUDA is present.
 """
 
 import torch
@@ -25,6 +27,17 @@ def _manual_seed(seed):
     _fake_cuda_generator.manual_seed(int(seed))
 
 
+class _ScheduleTorch:
+    """``torch`` as the pipeline schedules see it: a tensor they ask for on "cuda" is made on the CPU."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+
 def install() -> bool:
     """Install the stand-ins when CUDA is unavailable; return whether they are active."""
     global _installed
@@ -42,6 +55,9 @@ def install() -> bool:
 
     mp_random._get_cuda_rng_state = _get_state
     mp_random._set_cuda_rng_state = _set_state
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _ScheduleTorch()
     _installed = True
     return True
 

@@ -151,6 +151,33 @@ class TestRouterReplayActorAndReference(_ReplayTestBase):
                 assert torch.equal(capture.last(router), indices_to_map(recorded[number], 4))
         capture.remove()
 
+    def test_static_buffers_belong_to_their_model(self):
+        # CUDA-graph recording copies each layer's routing into a slice of one static buffer;
+        # with an actor and a reference model the buffer serves the model it is given for.
+        actor = build_gpt(replay_config(), with_mtp=True)
+        reference = build_gpt(replay_config(), with_mtp=True)
+        actor.eval(), reference.eval()
+        buffer = torch.full((NUM_TOKENS, 2, 2), -1, dtype=torch.long)
+        with pytest.raises(ValueError, match=r"set_global_static_buffers.*more than one model"):
+            RouterReplay.set_global_static_buffers(buffer)
+        RouterReplay.set_global_static_buffers(buffer, model=reference)
+        assert all(r.static_buffer is None for r in RouterReplay.get_instances(actor))
+
+        RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
+        with torch.no_grad():
+            run_forward(reference)
+        for layer, indices in enumerate(RouterReplay.get_recorded_data(reference)):
+            assert indices.data_ptr() == buffer[:, layer].data_ptr()
+            assert torch.equal(buffer[:, layer], indices)
+        before = buffer.clone()
+        with torch.no_grad():
+            run_forward(actor, seed=5)  # the actor records into its own tensors, not the buffer
+        assert torch.equal(buffer, before)
+        assert all(v.data_ptr() != buffer.data_ptr() for v in RouterReplay.get_recorded_data(actor))
+
+        RouterReplay.clear_global_static_buffers(model=reference)
+        assert all(r.static_buffer is None for r in RouterReplay.get_instances(reference))
+
     def test_discarded_model_leaves_the_registry(self):
         actor = build_gpt(replay_config(), with_mtp=True)
         reference = build_gpt(replay_config(), with_mtp=True)
