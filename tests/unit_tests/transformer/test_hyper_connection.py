@@ -27,7 +27,7 @@ from megatron.core.transformer.hyper_connection import (
     HyperConnection,
     HyperConnectionHead,
     expand_streams,
-    sinkhorn_knopp,
+    sinkhorn_log,
 )
 from megatron.core.transformer.transformer_block import TransformerBlock
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
@@ -59,30 +59,62 @@ def grads_of(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-class TestSinkhornKnopp:
-    def test_doubly_stochastic(self):
+class TestSinkhornLog:
+    def test_rows_exact_columns_converge(self):
         torch.manual_seed(0)
         logits = torch.randn(5, 3, 4, 4)
-        m = sinkhorn_knopp(logits, iterations=20)
+        m = sinkhorn_log(logits, iters=20)
         assert m.dtype == torch.float32
         assert (m > 0).all()
-        torch.testing.assert_close(m.sum(-1), torch.ones(5, 3, 4), atol=1e-5, rtol=0)
+        torch.testing.assert_close(m.sum(-1), torch.ones(5, 3, 4), atol=1e-6, rtol=0)
         torch.testing.assert_close(m.sum(-2), torch.ones(5, 3, 4), atol=1e-4, rtol=0)
 
     def test_one_iteration_is_not_enough_for_skewed_logits(self):
-        # The projection is what makes the columns sum to one, not the softmax.
+        # The iteration is what makes the columns sum to one, not the first row normalisation.
         logits = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
-        assert (sinkhorn_knopp(logits, 0).sum(-2) - 1).abs().max() > 0.5
-        assert (sinkhorn_knopp(logits, 30).sum(-2) - 1).abs().max() < 1e-3
+        assert (sinkhorn_log(logits, 0).sum(-2) - 1).abs().max() > 0.5
+        assert (sinkhorn_log(logits, 30).sum(-2) - 1).abs().max() < 1e-3
+
+    @pytest.mark.parametrize("std", [10.0, 50.0, 100.0, 1e3])
+    def test_finite_gradients_for_wide_logits(self, std):
+        # Probability-space Sinkhorn gave NaN gradients on 2.8% of tokens at std 50, 27% at 100.
+        gen = torch.Generator().manual_seed(int(std))
+        logits = (torch.randn(20000, 4, 4, generator=gen) * std).requires_grad_(True)
+        m = sinkhorn_log(logits, 20)
+        assert torch.isfinite(m).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(20000, 4), atol=1e-5, rtol=0)
+        m.backward(torch.randn(m.shape, generator=gen))
+        assert torch.isfinite(logits.grad).all()
+
+    @pytest.mark.parametrize("gap", [1e2, 1e4, 1e8, 1e30, 3e38])
+    def test_finite_gradients_with_a_column_far_below_the_rest(self, gap):
+        gen = torch.Generator().manual_seed(1)
+        base = torch.randn(64, 4, 4, generator=gen)
+        base[:, :, 1] -= gap  # one column far below: in probability space it underflows to 0/0
+        base[::2, 2, :] += gap / 2  # and a row far above in half the tokens
+        logits = base.requires_grad_(True)
+        m = sinkhorn_log(logits, 20)
+        assert torch.isfinite(m).all() and (m >= 0).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(64, 4), atol=1e-5, rtol=0)
+        m.backward(torch.randn(m.shape, generator=gen))
+        assert torch.isfinite(logits.grad).all()
+
+    def test_invariant_to_row_and_column_shifts(self):
+        # Sinkhorn's fixed point depends on the logits only up to row and column constants.
+        torch.manual_seed(2)
+        logits = torch.randn(8, 3, 3, dtype=torch.float64)
+        shifted = logits + torch.randn(8, 3, 1, dtype=torch.float64) * 50
+        shifted = shifted + torch.randn(8, 1, 3, dtype=torch.float64) * 50
+        torch.testing.assert_close(sinkhorn_log(shifted, 200), sinkhorn_log(logits, 200))
 
     def test_gradcheck_float64(self):
         torch.manual_seed(0)
         logits = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda x: sinkhorn_knopp(x, 5), (logits,))
+        assert torch.autograd.gradcheck(lambda x: sinkhorn_log(x, 5), (logits,))
 
     def test_rejects_non_square(self):
-        with pytest.raises(ValueError, match="sinkhorn_knopp.*n, n"):
-            sinkhorn_knopp(torch.zeros(2, 3, 4), 3)
+        with pytest.raises(ValueError, match="sinkhorn_log.*n, n"):
+            sinkhorn_log(torch.zeros(2, 3, 4), 3)
 
 
 class TestHyperConnectionPieces:
@@ -109,8 +141,45 @@ class TestHyperConnectionPieces:
         assert (h_post > 0).all() and (h_post < 2).all()
         # token-dependent: not every token gets the same weights
         assert h_pre.std(dim=0).max() > 1e-3
-        torch.testing.assert_close(h_res.sum(-1), torch.ones(SEQ, BATCH, 4), atol=1e-5, rtol=0)
+        torch.testing.assert_close(h_res.sum(-1), torch.ones(SEQ, BATCH, 4), atol=1e-6, rtol=0)
         torch.testing.assert_close(h_res.sum(-2), torch.ones(SEQ, BATCH, 4), atol=1e-2, rtol=0)
+
+    def test_residual_mix_is_a_convex_combination_per_output_stream(self):
+        # With the sublayer output zero every new stream must lie inside the hull of the old ones,
+        # even where Sinkhorn has not converged (wide logits): the residual gain never exceeds 1.
+        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        hc = HyperConnection(cfg)
+        with torch.no_grad():
+            hc.mapping_weight.mul_(500.0)  # residual logits with std ~10
+        torch.manual_seed(3)
+        x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size)
+        _, h_post, h_res = hc(x)
+        zero = torch.zeros(SEQ, BATCH, cfg.hidden_size)
+        new = hc.combine(x, h_post, h_res, (zero, None), 0.0, False)
+        old = x.unflatten(-1, (4, cfg.hidden_size))
+        new = new.unflatten(-1, (4, cfg.hidden_size))
+        lo, hi = old.min(dim=2, keepdim=True).values, old.max(dim=2, keepdim=True).values
+        assert (new >= lo - 1e-5).all() and (new <= hi + 1e-5).all()
+        assert (h_res.sum(-2) - 1).abs().max() > 0.05, "columns should be off: test too easy"
+        # stream i takes row i: a permutation-like H_res must move stream j into stream i
+        perm = torch.tensor([2, 0, 3, 1])
+        h_perm = torch.eye(4)[perm].expand(SEQ, BATCH, 4, 4)
+        moved = hc.combine(x, torch.zeros_like(h_post), h_perm, (zero, None), 0.0, False)
+        torch.testing.assert_close(moved.unflatten(-1, (4, cfg.hidden_size)), old[:, :, perm])
+
+    def test_huge_mapping_weights_give_finite_gradients(self):
+        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        hc = HyperConnection(cfg)
+        with torch.no_grad():
+            hc.mapping_weight.normal_(0.0, 30.0)  # residual logits with std ~ 1e3 per token
+        torch.manual_seed(4)
+        x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size, requires_grad=True)
+        sub_in, h_post, h_res = hc(x)
+        out = hc.combine(x, h_post, h_res, (torch.tanh(sub_in), None), 0.0, False)
+        out.square().sum().backward()
+        for name, p in hc.named_parameters():
+            assert torch.isfinite(p.grad).all(), name
+        assert torch.isfinite(x.grad).all()
 
     def test_shape_flow_through_the_block(self):
         cfg = mhc_config(mtp_num_layers=None)
@@ -142,6 +211,158 @@ class TestHyperConnectionPieces:
         torch.testing.assert_close(out, x * gates)
         with pytest.raises(ValueError, match="HyperConnectionHead"):
             head(x)
+
+
+def _ref_sigmoid(t):
+    return 1.0 / (1.0 + torch.exp(-t))
+
+
+def _ref_sublayer_mhc(x, hc_params, n, iters, sublayer, norm_eps):
+    """The paper's update for one sublayer, from the formulas, in float64, written without the
+    module's code: Sinkhorn as alternating scaling vectors ``P = diag(u) K diag(v)``, mixing and
+    weighting as explicit loops over streams. Returns the new streams ``[s, b, n*h]``."""
+    weight, bias, a_pre, a_post, a_res = hc_params
+    h = x.shape[-1] // n
+    r = x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm_eps)
+    z = r @ weight.t()
+    pre = _ref_sigmoid(a_pre * z[..., :n] + bias[:n]) + 1e-6
+    post = 2.0 * _ref_sigmoid(a_post * z[..., n : 2 * n] + bias[n : 2 * n])
+    kernel = torch.exp(a_res * z[..., 2 * n :] + bias[2 * n :]).reshape(*x.shape[:-1], n, n)
+    u = 1.0 / kernel.sum(-1)  # rows first (v = 1)
+    v = torch.ones_like(u)
+    for _ in range(iters):
+        v = 1.0 / (kernel * u.unsqueeze(-1)).sum(-2)  # columns
+        u = 1.0 / (kernel * v.unsqueeze(-2)).sum(-1)  # rows, last
+    res = u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+    streams = [x[..., j * h : (j + 1) * h] for j in range(n)]
+    sub_in = sum(pre[..., j : j + 1] * streams[j] for j in range(n))
+    y = sublayer(sub_in)
+    new = []
+    for i in range(n):
+        mixed = sum(res[..., i, j : j + 1] * streams[j] for j in range(n))
+        new.append(mixed + post[..., i : i + 1] * y)
+    return torch.cat(new, dim=-1)
+
+
+def _ref_head(x, head_fn, head_base, head_scale, n, norm_eps):
+    h = x.shape[-1] // n
+    r = x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm_eps)
+    w = _ref_sigmoid(head_scale * (r @ head_fn.t()) + head_base) + 1e-6
+    return sum(w[..., j : j + 1] * x[..., j * h : (j + 1) * h] for j in range(n))
+
+
+def _hc_params(hc):
+    return (hc.mapping_weight, hc.mapping_bias, hc.alpha_pre, hc.alpha_post, hc.alpha_res)
+
+
+class TestFloat64Reference:
+    """The whole mHC forward and backward against the formulas, in float64."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def _randomize(self, module, gen, scale=0.3):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+
+    def test_sublayer_and_head_match_the_formulas(self):
+        n, iters = 3, 7
+        cfg = mhc_config(num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+                         mhc_init_gating_factor=0.5)
+        h = cfg.hidden_size
+        gen = torch.Generator().manual_seed(5)
+        hc, head = HyperConnection(cfg).double(), HyperConnectionHead(cfg).double()
+        self._randomize(hc, gen)
+        self._randomize(head, gen)
+        with torch.no_grad():
+            hc.mapping_weight.mul_(20.0)  # token-dependent mappings far from their init
+        sub = torch.nn.Linear(h, h).double()
+        x = torch.randn(SEQ, BATCH, n * h, generator=gen, dtype=torch.float64)
+        probe = torch.randn(SEQ, BATCH, h, generator=gen, dtype=torch.float64)
+        leaves = [x, *hc.parameters(), *head.parameters(), *sub.parameters()]
+
+        def sublayer(u):
+            return torch.tanh(sub(u))
+
+        def run(forward):
+            for t in leaves:
+                t.grad = None
+                t.requires_grad_(True)
+            out = forward()
+            (out * probe).sum().backward()
+            return out.detach(), [t.grad.clone() for t in leaves]
+
+        def module_path():
+            sub_in, h_post, h_res = hc(x)
+            streams = hc.combine(x, h_post, h_res, (sublayer(sub_in), None), 0.0, False)
+            return head(streams)
+
+        def reference_path():
+            eps = cfg.layernorm_epsilon
+            streams = _ref_sublayer_mhc(x, _hc_params(hc), n, iters, sublayer, eps)
+            return _ref_head(streams, head.hc_head_fn, head.hc_head_base, head.hc_head_scale,
+                             n, eps)
+
+        out, grads = run(module_path)
+        ref_out, ref_grads = run(reference_path)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
+        names = ["x"] + [f"hc.{k}" for k, _ in hc.named_parameters()]
+        names += [f"head.{k}" for k, _ in head.named_parameters()]
+        names += [f"sub.{k}" for k, _ in sub.named_parameters()]
+        for name, g, ref in zip(names, grads, ref_grads):
+            assert ref.abs().max() > 0, name
+            torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
+
+    def test_transformer_layer_matches_the_formulas(self):
+        # The layer wiring: attention then MLP, each through its norm, mixed by its own mHC.
+        n, iters = 2, 5
+        cfg = mhc_config(num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+                         num_moe_experts=None, mtp_num_layers=None, mhc_init_gating_factor=0.5)
+        spec = get_gpt_layer_local_spec()
+        block = TransformerBlock(cfg, spec, post_process=False).double()
+        layer = block.layers[0]
+        gen = torch.Generator().manual_seed(6)
+        self._randomize(layer.self_attention_hyper_connection, gen)
+        self._randomize(layer.mlp_hyper_connection, gen)
+        _, _, mask = causal_batch()
+        x = torch.randn(SEQ, BATCH, n * cfg.hidden_size, generator=gen, dtype=torch.float64)
+        probe = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+        params = list(layer.parameters())
+
+        def run(forward):
+            for t in [x, *params]:
+                t.grad = None
+            x.requires_grad_(True)
+            out = forward()
+            (out * probe).sum().backward()
+            return out.detach(), [x.grad.clone()] + [p.grad.clone() for p in params]
+
+        def attention(u):
+            out, bias = layer.self_attention(layer.input_layernorm(u), attention_mask=mask)
+            return out if bias is None else out + bias
+
+        def mlp(u):
+            out, bias = layer.mlp(layer.pre_mlp_layernorm(u))
+            return out if bias is None else out + bias
+
+        def reference():
+            eps = cfg.layernorm_epsilon
+            hc_a = _hc_params(layer.self_attention_hyper_connection)
+            hc_m = _hc_params(layer.mlp_hyper_connection)
+            mid = _ref_sublayer_mhc(x, hc_a, n, iters, attention, eps)
+            return _ref_sublayer_mhc(mid, hc_m, n, iters, mlp, eps)
+
+        out, grads = run(lambda: layer(hidden_states=x, attention_mask=mask)[0])
+        ref_out, ref_grads = run(reference)
+        torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
+        names = ["x"] + [k for k, _ in layer.named_parameters()]
+        for name, g, ref in zip(names, grads, ref_grads):
+            torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
 
 
 class TestGPTWithHyperConnections:
