@@ -124,10 +124,6 @@ class TestHyperConnectionPieces:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    def test_use_fused_mhc_is_a_clear_error(self):
-        with pytest.raises(ValueError, match="use_fused_mhc.*not part of this fork"):
-            mhc_config(use_fused_mhc=True)
-
     def test_pre_post_weights_in_range_and_res_doubly_stochastic(self):
         cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
         hc = HyperConnection(cfg)
