@@ -250,6 +250,7 @@ def main(argv=None):
                     continue
                 raw[name] = run_comparison(name, spec, args, upstream, started)
                 rows.append(summarize(name, spec, raw[name]))
+                print("ROW " + json.dumps({"row": rows[-1], "raw": raw[name]}), flush=True)
         meta = {"args": {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs")},
                 "wall_s": round(time.time() - started, 1), "gpus": gpu_count(args.device)}  # fmt: skip
         first = next((r[s] for rr in raw.values() for r in rr for s in ("a", "b") if "error" not in r[s]), {})
