@@ -304,6 +304,12 @@ class TestFusedKernelsInterpreter:
     def test_sinkhorn_extremes_finite_and_equal_to_native(self):
         _check_sinkhorn_extremes("cpu")
 
+    def test_weight_gradient_summed_over_token_ranges(self, monkeypatch):
+        # dW is reduced over token ranges in parallel; 130 tokens in ranges of 64: three ranges,
+        # the last one ragged.
+        monkeypatch.setattr(fused, "_GW_TOKENS", 64)
+        _compare_against_float64(T=130, n=2, h=8, dtype=torch.float32, device="cpu", tol=1e-5)
+
     def test_modules_fused_equal_native(self):
         _modules_fused_vs_native(n=3, h=24, s=3, b=2, dtype=torch.float32, device="cpu", tol=1e-5)
 
@@ -322,8 +328,9 @@ class TestFusedKernelsOnGPU:  # run on the H200
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    # fp32: summation order differs from cuBLAS/torch over n*h = 8192 terms (seen: 4e-5).
-    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+    # fp32: summation order differs from cuBLAS/torch over n*h = 8192 terms (seen: 4e-5 on dx,
+    # 1.6e-4 on the scalar alpha_post gradient, a cancelling sum over tokens).
+    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-4), (torch.bfloat16, 2e-2)])
     @pytest.mark.parametrize("n,h", [(4, 2048), (3, 200)])
     def test_functions_match_float64_formulas(self, dtype, tol, n, h):
         _compare_against_float64(T=37, n=n, h=h, dtype=dtype, device="cuda", tol=tol)
