@@ -197,13 +197,14 @@ def write_docs(payload):
     line = mhc_line(payload["rows"])
     if line is None:
         raise SystemExit("write-docs: no mhc-overhead result to write")
-    text = MHC_LINE.sub(line, text) if MHC_LINE.search(text) else text.replace("\n## ", f"\n{line}\n\n## ", 1)
+    text = MHC_LINE.sub(line, text, count=1) if MHC_LINE.search(text) else text.replace("\n## ", f"\n{line}\n\n## ", 1)
     block = "\n".join([table(payload["rows"]), "", *payload["targets"]])
     marker_a, marker_b = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
     meta = payload["meta"]
+    wall = f"{meta['wall_s']} s wall" if isinstance(meta["wall_s"], (int, float)) else meta["wall_s"]
     body = (f"{marker_a}\n{meta.get('device_name', '?')} x{meta.get('gpus', '?')}, torch {meta.get('torch', '?')}, "
             f"{meta['args']['rounds']} rounds x {meta['args']['steps']} steps, batch {meta['args']['batch']}, "
-            f"seq {meta['args']['seq']}, {meta['args']['dispatcher']} dispatcher, {meta['wall_s']} s wall\n\n"
+            f"seq {meta['args']['seq']}, {meta['args']['dispatcher']} dispatcher, {wall}\n\n"
             f"```\n{block}\n```\n{marker_b}")  # fmt: skip
     if marker_a in text:
         text = re.sub(re.escape(marker_a) + r".*?" + re.escape(marker_b), lambda _: body, text, flags=re.S)
