@@ -318,17 +318,23 @@ class TestFloat64Reference:
             assert ref.abs().max() > 0, name
             torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
 
-    def test_transformer_layer_matches_the_formulas(self):
-        # The layer wiring: attention then MLP, each through its norm, mixed by its own mHC.
+    @pytest.mark.parametrize("post_norms", [False, True], ids=["plain", "post_norms"])
+    def test_transformer_layer_matches_the_formulas(self, post_norms):
+        # The layer wiring: attention then MLP, each through its norm (and, with the GLM-style
+        # post-sublayer norms, a norm of its output), mixed by its own mHC.
         n, iters = 2, 5
         cfg = mhc_config(num_residual_streams=n, mhc_sinkhorn_iterations=iters,
-                         num_moe_experts=None, mtp_num_layers=None, mhc_init_gating_factor=0.5)
+                         num_moe_experts=None, mtp_num_layers=None, mhc_init_gating_factor=0.5,
+                         post_self_attn_layernorm=post_norms, post_mlp_layernorm=post_norms)
         spec = get_gpt_layer_local_spec()
         block = TransformerBlock(cfg, spec, post_process=False).double()
         layer = block.layers[0]
         gen = torch.Generator().manual_seed(6)
         self._randomize(layer.self_attention_hyper_connection, gen)
         self._randomize(layer.mlp_hyper_connection, gen)
+        if post_norms:  # away from the unit init, so a skipped norm cannot go unnoticed
+            self._randomize(layer.post_self_attn_layernorm, gen)
+            self._randomize(layer.post_mlp_layernorm, gen)
         _, _, mask = causal_batch()
         x = torch.randn(SEQ, BATCH, n * cfg.hidden_size, generator=gen, dtype=torch.float64)
         probe = torch.randn(x.shape, generator=gen, dtype=torch.float64)
@@ -342,13 +348,16 @@ class TestFloat64Reference:
             (out * probe).sum().backward()
             return out.detach(), [x.grad.clone()] + [p.grad.clone() for p in params]
 
+        def post(norm, out):
+            return norm(out) if post_norms else out
+
         def attention(u):
             out, bias = layer.self_attention(layer.input_layernorm(u), attention_mask=mask)
-            return out if bias is None else out + bias
+            return post(layer.post_self_attn_layernorm, out if bias is None else out + bias)
 
         def mlp(u):
             out, bias = layer.mlp(layer.pre_mlp_layernorm(u))
-            return out if bias is None else out + bias
+            return post(layer.post_mlp_layernorm, out if bias is None else out + bias)
 
         def reference():
             eps = cfg.layernorm_epsilon
@@ -361,8 +370,67 @@ class TestFloat64Reference:
         ref_out, ref_grads = run(reference)
         torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
         names = ["x"] + [k for k, _ in layer.named_parameters()]
+        assert any("post_mlp_layernorm" in k for k in names) == post_norms
         for name, g, ref in zip(names, grads, ref_grads):
             torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
+
+
+class TestLayerOptionsUnderMHC:
+    """Every TransformerLayer option the mHC forward would bypass is supported or refused."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_post_sublayer_norms_train_in_the_mhc_layer(self):
+        torch.manual_seed(0)
+        model = build_gpt(mhc_config(post_self_attn_layernorm=True, post_mlp_layernorm=True))
+        norms = [n for n, _ in model.named_parameters() if ".post_" in n and "layernorm" in n]
+        # 2 decoder layers + 1 MTP inner layer, two norms each, weight and bias
+        assert len(norms) == 12, norms
+        tokens, position_ids, mask = causal_batch()
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+        params = dict(model.named_parameters())
+        dead = [n for n in norms if params[n].grad is None or not params[n].grad.abs().sum() > 0]
+        assert not dead, f"post-sublayer norm parameters without gradient under mHC: {dead}"
+
+    @pytest.mark.parametrize(
+        "field, value, extra",
+        [
+            ("fused_residual_rmsnorm", True, dict(normalization="RMSNorm")),
+            ("mlp_chunks_for_training", 2, {}),
+            ("mlp_chunks_for_prefill", 2, {}),
+            ("fp32_residual_connection", True, {}),
+        ],
+    )
+    def test_bypassed_config_options_are_refused(self, field, value, extra):
+        with pytest.raises(ValueError, match=f"enable_hyper_connections does not support {field}"):
+            mhc_config(**{field: value}, **extra)
+
+    def test_selective_recompute_of_layer_norms_is_refused(self):
+        with pytest.raises(ValueError, match=r"selective recompute of \['layernorm'\]"):
+            mhc_config(recompute_granularity="selective", recompute_modules=["layernorm"])
+
+    @pytest.mark.parametrize("field", ["self_attn_bda", "mlp_bda"])
+    def test_non_standard_bias_dropout_add_is_refused(self, field):
+        from megatron.core.transformer.identity_op import IdentityFuncOp
+
+        cfg = mhc_config(num_moe_experts=None, mtp_num_layers=None)
+        spec = get_gpt_layer_local_spec()
+        setattr(spec.submodules, field, IdentityFuncOp)
+        with pytest.raises(ValueError, match=f"layer 1: {field} is .*get_bias_dropout_add"):
+            TransformerBlock(cfg, spec)
+
+    def test_missing_sublayer_is_refused(self):
+        from megatron.core.transformer.identity_op import IdentityOp
+
+        cfg = mhc_config(num_moe_experts=None, mtp_num_layers=None)
+        spec = get_gpt_layer_local_spec()
+        spec.submodules.mlp = IdentityOp
+        with pytest.raises(ValueError, match="layer 1 has no mlp"):
+            TransformerBlock(cfg, spec)
 
 
 class TestGPTWithHyperConnections:
