@@ -4,7 +4,7 @@ RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "re
 
 # Fork-only knobs, by the names the patches give them.
 RECLAIM = {"recompute_reclaim_inputs": True}
-MHC = {"enable_hyper_connections": True, "num_residual_streams": 4}
+MHC = {"enable_mhc_connections": True, "mhc_num_residual_streams": 4}
 MTP_FREE_FORWARD = {"compute_mtp": False}
 
 SCENARIOS = {

@@ -1,9 +1,8 @@
-"""Manifold-constrained hyper-connections (mHC) and the MTP multistream contract.
+"""Manifold-constrained hyper-connections (mHC): the basic layer, full recompute, pipeline stages.
 
-The decoder widens the residual stream to n streams ``[s, b, n*h]``; with MTP it returns
-``(contracted_hidden, mhc_multistream)`` and GPTModel must hand the multistream to the MTP block.
-The verl crash this guards against: a postprocess that dropped ``mhc_multistream`` so MTP took the
-``[s, b, h]`` path and died in a reshape. Here that is a clear error naming the caller.
+The decoder widens the residual stream to n streams ``[s, b, n*h]``. The math is checked against
+the formulas in float64; every layer option the mHC forward would bypass is supported or refused.
+The MTP multistream contract has its own file (``test_mhc_multistream.py``).
 """
 
 import glob
@@ -45,14 +44,21 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def mhc_config(**overrides):
+    """The tiny MoE GPT config with mHC (upstream main's names) and without MTP."""
     values = dict(
-        enable_hyper_connections=True,
-        num_residual_streams=N,
+        enable_mhc_connections=True,
+        mhc_num_residual_streams=N,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        mtp_num_layers=None,
     )
     values.update(overrides)
     return tiny_moe_mtp_config(**values)
+
+
+def mhc_mtp_config(**overrides):
+    """``mhc_config`` with one MTP layer."""
+    return mhc_config(**{"mtp_num_layers": 1, **overrides})
 
 
 def grads_of(model):
@@ -124,8 +130,15 @@ class TestHyperConnectionPieces:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    def test_mhc_recompute_layer_num_is_a_clear_error(self):
+        # upstream main's knob for its selective "mhc" recompute, which the fork does not have
+        with pytest.raises(ValueError, match="mhc_recompute_layer_num=2: .*selective 'mhc'"):
+            mhc_config(mhc_recompute_layer_num=2)
+        with pytest.raises(ValueError, match="mhc_recompute_layer_num=1"):
+            tiny_moe_mtp_config(mhc_recompute_layer_num=1)  # even with mHC off
+
     def test_pre_post_weights_in_range_and_res_doubly_stochastic(self):
-        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
         hc = HyperConnection(cfg)
         torch.manual_seed(1)
         x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size) * 5
@@ -143,7 +156,7 @@ class TestHyperConnectionPieces:
     def test_residual_mix_is_a_convex_combination_per_output_stream(self):
         # With the sublayer output zero every new stream must lie inside the hull of the old ones,
         # even where Sinkhorn has not converged (wide logits): the residual gain never exceeds 1.
-        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
         hc = HyperConnection(cfg)
         with torch.no_grad():
             hc.mapping_weight.mul_(500.0)  # residual logits with std ~10
@@ -164,7 +177,7 @@ class TestHyperConnectionPieces:
         torch.testing.assert_close(moved.unflatten(-1, (4, cfg.hidden_size)), old[:, :, perm])
 
     def test_huge_mapping_weights_give_finite_gradients(self):
-        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
         hc = HyperConnection(cfg)
         with torch.no_grad():
             hc.mapping_weight.normal_(0.0, 30.0)  # residual logits with std ~ 1e3 per token
@@ -178,7 +191,7 @@ class TestHyperConnectionPieces:
         assert torch.isfinite(x.grad).all()
 
     def test_shape_flow_through_the_block(self):
-        cfg = mhc_config(mtp_num_layers=None)
+        cfg = mhc_config()
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
         block = TransformerBlock(cfg, spec)
         seen = []
@@ -267,7 +280,7 @@ class TestFloat64Reference:
 
     def test_sublayer_and_head_match_the_formulas(self):
         n, iters = 3, 7
-        cfg = mhc_config(num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+        cfg = mhc_config(mhc_num_residual_streams=n, mhc_sinkhorn_iterations=iters,
                          mhc_init_gating_factor=0.5)
         h = cfg.hidden_size
         gen = torch.Generator().manual_seed(5)
@@ -314,17 +327,23 @@ class TestFloat64Reference:
             assert ref.abs().max() > 0, name
             torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
 
-    def test_transformer_layer_matches_the_formulas(self):
-        # The layer wiring: attention then MLP, each through its norm, mixed by its own mHC.
+    @pytest.mark.parametrize("post_norms", [False, True], ids=["plain", "post_norms"])
+    def test_transformer_layer_matches_the_formulas(self, post_norms):
+        # The layer wiring: attention then MLP, each through its norm (and, with the GLM-style
+        # post-sublayer norms, a norm of its output), mixed by its own mHC.
         n, iters = 2, 5
-        cfg = mhc_config(num_residual_streams=n, mhc_sinkhorn_iterations=iters,
-                         num_moe_experts=None, mtp_num_layers=None, mhc_init_gating_factor=0.5)
+        cfg = mhc_config(mhc_num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+                         num_moe_experts=None, mhc_init_gating_factor=0.5,
+                         post_self_attn_layernorm=post_norms, post_mlp_layernorm=post_norms)
         spec = get_gpt_layer_local_spec()
         block = TransformerBlock(cfg, spec, post_process=False).double()
         layer = block.layers[0]
         gen = torch.Generator().manual_seed(6)
         self._randomize(layer.self_attention_hyper_connection, gen)
         self._randomize(layer.mlp_hyper_connection, gen)
+        if post_norms:  # away from the unit init, so a skipped norm cannot go unnoticed
+            self._randomize(layer.post_self_attn_layernorm, gen)
+            self._randomize(layer.post_mlp_layernorm, gen)
         _, _, mask = causal_batch()
         x = torch.randn(SEQ, BATCH, n * cfg.hidden_size, generator=gen, dtype=torch.float64)
         probe = torch.randn(x.shape, generator=gen, dtype=torch.float64)
@@ -338,13 +357,16 @@ class TestFloat64Reference:
             (out * probe).sum().backward()
             return out.detach(), [x.grad.clone()] + [p.grad.clone() for p in params]
 
+        def post(norm, out):
+            return norm(out) if post_norms else out
+
         def attention(u):
             out, bias = layer.self_attention(layer.input_layernorm(u), attention_mask=mask)
-            return out if bias is None else out + bias
+            return post(layer.post_self_attn_layernorm, out if bias is None else out + bias)
 
         def mlp(u):
             out, bias = layer.mlp(layer.pre_mlp_layernorm(u))
-            return out if bias is None else out + bias
+            return post(layer.post_mlp_layernorm, out if bias is None else out + bias)
 
         def reference():
             eps = cfg.layernorm_epsilon
@@ -357,8 +379,68 @@ class TestFloat64Reference:
         ref_out, ref_grads = run(reference)
         torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
         names = ["x"] + [k for k, _ in layer.named_parameters()]
+        assert any("post_mlp_layernorm" in k for k in names) == post_norms
         for name, g, ref in zip(names, grads, ref_grads):
             torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
+
+
+class TestLayerOptionsUnderMHC:
+    """Every TransformerLayer option the mHC forward would bypass is supported or refused."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_post_sublayer_norms_train_in_the_mhc_layer(self):
+        torch.manual_seed(0)
+        model = build_gpt(
+            mhc_config(post_self_attn_layernorm=True, post_mlp_layernorm=True), with_mtp=False
+        )
+        norms = [n for n, _ in model.named_parameters() if ".post_" in n and "layernorm" in n]
+        assert len(norms) == 8, norms  # 2 layers, two norms each, weight and bias
+        tokens, position_ids, mask = causal_batch()
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+        params = dict(model.named_parameters())
+        dead = [n for n in norms if params[n].grad is None or not params[n].grad.abs().sum() > 0]
+        assert not dead, f"post-sublayer norm parameters without gradient under mHC: {dead}"
+
+    @pytest.mark.parametrize(
+        "field, value, extra",
+        [
+            ("fused_residual_rmsnorm", True, dict(normalization="RMSNorm")),
+            ("mlp_chunks_for_training", 2, {}),
+            ("mlp_chunks_for_prefill", 2, {}),
+            ("fp32_residual_connection", True, {}),
+        ],
+    )
+    def test_bypassed_config_options_are_refused(self, field, value, extra):
+        with pytest.raises(ValueError, match=f"enable_mhc_connections does not support {field}"):
+            mhc_config(**{field: value}, **extra)
+
+    def test_selective_recompute_of_layer_norms_is_refused(self):
+        with pytest.raises(ValueError, match=r"selective recompute of \['layernorm'\]"):
+            mhc_config(recompute_granularity="selective", recompute_modules=["layernorm"])
+
+    @pytest.mark.parametrize("field", ["self_attn_bda", "mlp_bda"])
+    def test_non_standard_bias_dropout_add_is_refused(self, field):
+        from megatron.core.transformer.identity_op import IdentityFuncOp
+
+        cfg = mhc_config(num_moe_experts=None)
+        spec = get_gpt_layer_local_spec()
+        setattr(spec.submodules, field, IdentityFuncOp)
+        with pytest.raises(ValueError, match=f"layer 1: {field} is .*get_bias_dropout_add"):
+            TransformerBlock(cfg, spec)
+
+    def test_missing_sublayer_is_refused(self):
+        from megatron.core.transformer.identity_op import IdentityOp
+
+        cfg = mhc_config(num_moe_experts=None)
+        spec = get_gpt_layer_local_spec()
+        spec.submodules.mlp = IdentityOp
+        with pytest.raises(ValueError, match="layer 1 has no mlp"):
+            TransformerBlock(cfg, spec)
 
 
 class TestGPTWithHyperConnections:
@@ -370,7 +452,7 @@ class TestGPTWithHyperConnections:
 
     def test_trains_with_falling_loss(self):
         torch.manual_seed(0)
-        model = build_gpt(mhc_config())
+        model = build_gpt(mhc_config(), with_mtp=False)
         tokens, position_ids, mask = causal_batch()
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         losses = []
@@ -382,77 +464,36 @@ class TestGPTWithHyperConnections:
             losses.append(loss.item())
         assert all(torch.isfinite(torch.tensor(losses)))
         assert losses[-1] < losses[0] - 0.1, losses
-        hc = [n for n, p in model.named_parameters() if "hyper_connection" in n or "hc_head" in n]
-        assert any(n.startswith("mtp.") for n in hc) and any(n.startswith("decoder.") for n in hc)
-
-    def test_mtp_block_receives_the_multistream(self):
-        model = build_gpt(mhc_config())
-        seen = {}
-
-        def block_hook(mod, args, kwargs):
-            seen["block"] = kwargs["mhc_multistream"].shape
-            seen["block_hidden"] = kwargs["hidden_states"].shape
-
-        def layer_hook(mod, args, kwargs):
-            seen["layer"] = kwargs["hidden_states"].shape
-
-        model.mtp.register_forward_pre_hook(block_hook, with_kwargs=True)
-        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
-        tokens, position_ids, mask = causal_batch()
-        loss = model(tokens, position_ids, mask, labels=tokens)
-        h = model.config.hidden_size
-        assert seen["block"] == (SEQ, BATCH, N * h)
-        assert seen["block_hidden"] == (SEQ, BATCH, h)  # contracted output, for the main loss
-        assert seen["layer"] == (SEQ, BATCH, N * h)
-        loss.mean().backward()
         missing = [n for n, p in model.named_parameters() if p.grad is None]
         assert not missing, missing
+        hc = [n for n, p in model.named_parameters() if "hyper_connection" in n or "hc_head" in n]
+        assert "decoder.hc_head.hc_head_fn" in hc and len(hc) == 2 * 2 * 5 + 3, hc
 
     def test_sharded_state_dict_carries_the_mhc_parameters(self):
-        model = build_gpt(mhc_config())
+        model = build_gpt(mhc_config(), with_mtp=False)
         mhc = {n for n, _ in model.named_parameters() if "hyper_connection" in n or "hc_head" in n}
-        assert "decoder.hc_head.hc_head_fn" in mhc and "mtp.layers.0.hc_head.hc_head_fn" in mhc
+        assert "decoder.hc_head.hc_head_fn" in mhc
+        assert "decoder.layers.0.self_attention_hyper_connection.mapping_weight" in mhc
         sharded = model.sharded_state_dict()
         assert mhc <= set(sharded), sorted(mhc - set(sharded))
 
-    def test_dropped_multistream_is_a_clear_error(self):
-        model = build_gpt(mhc_config())
-        original = model._postprocess
 
-        def postprocess_that_drops_it(**kwargs):  # what the buggy verl override did
-            kwargs["mhc_multistream"] = None
-            return original(**kwargs)
+class TestFullRecompute:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
 
-        model._postprocess = postprocess_that_drops_it
-        tokens, position_ids, mask = causal_batch()
-        with pytest.raises(ValueError, match=r"MultiTokenPredictionBlock\.forward.*got None"):
-            model(tokens, position_ids, mask, labels=tokens)
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
 
-    def test_detached_mtp_heads_take_the_multistream_without_grad_to_the_decoder(self):
+    @pytest.mark.parametrize("method", ["uniform", "block"])
+    @pytest.mark.parametrize("mtp", [False, True], ids=["no_mtp", "mtp"])
+    def test_grads_equal_no_recompute(self, method, mtp):
+        make = mhc_mtp_config if mtp else mhc_config
         torch.manual_seed(0)
-        model = build_gpt(mhc_config(mtp_detach_heads=True))
-        seen = {}
-
-        def layer_hook(mod, args, kwargs):
-            seen["input"] = kwargs["hidden_states"]
-
-        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
-        tokens, position_ids, mask = causal_batch()
-        loss = model(tokens, position_ids, mask, labels=tokens)
-        assert seen["input"].shape == (SEQ, BATCH, N * model.config.hidden_size)
-        assert seen["input"].grad_fn is None, "the MTP depth input must be cut from the decoder"
-        loss.mean().backward()
-        for prefix in ("decoder.", "mtp."):
-            grads = [p.grad for n, p in model.named_parameters() if n.startswith(prefix)]
-            assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), prefix
-
-    def test_full_recompute_grads_equal_no_recompute(self):
-        torch.manual_seed(0)
-        plain = build_gpt(mhc_config())
+        plain = build_gpt(make(), with_mtp=mtp)
         recompute = build_gpt(
-            mhc_config(
-                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
-            )
+            make(recompute_granularity="full", recompute_method=method, recompute_num_layers=1),
+            with_mtp=mtp,
         )
         recompute.load_state_dict(plain.state_dict())
         tokens, position_ids, mask = causal_batch()
@@ -546,7 +587,7 @@ def _pipeline_parallel_two_stages(rank, world_size):
         # LanguageModule moves the MTP stage's embedding copy with .cuda() before syncing it.
         torch.Tensor.cuda = lambda self, *args, **kwargs: self
     Utils.initialize_model_parallel(1, 2)
-    cfg = mhc_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+    cfg = mhc_mtp_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
     model = GPTModel(
         cfg,
@@ -605,9 +646,9 @@ class TestHyperConnectionsBF16OnGPU:  # the lead runs these on the H200
         Utils.destroy_model_parallel()
 
     def test_bf16_forward_backward(self):
-        cfg = mhc_config(
+        cfg = mhc_mtp_config(
             bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=False,
-            num_residual_streams=4,
+            mhc_num_residual_streams=4,
         )
         # Plain GPTModel (no Float16Module): cast every parameter, position embeddings included.
         model = build_gpt(cfg).cuda().bfloat16()

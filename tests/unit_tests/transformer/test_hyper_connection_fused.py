@@ -167,8 +167,8 @@ def _mhc_module_config(n, h, dtype, fused_flag, cpu):
     from megatron.core.transformer import TransformerConfig
 
     return TransformerConfig(
-        num_layers=1, hidden_size=h, num_attention_heads=1, enable_hyper_connections=True,
-        num_residual_streams=n, mhc_sinkhorn_iterations=ITERS, use_fused_mhc=fused_flag,
+        num_layers=1, hidden_size=h, num_attention_heads=1, enable_mhc_connections=True,
+        mhc_num_residual_streams=n, mhc_sinkhorn_iterations=ITERS, use_fused_mhc=fused_flag,
         use_cpu_initialization=cpu, params_dtype=dtype, bf16=dtype == torch.bfloat16,
     )  # fmt: skip
 
@@ -358,7 +358,7 @@ class TestFusedKernelsOnGPU:  # run on the H200
         for flag in (None, False):
             torch.manual_seed(0)
             cfg = tiny_moe_mtp_config(
-                enable_hyper_connections=True, num_residual_streams=4, hidden_dropout=0.0,
+                enable_mhc_connections=True, mhc_num_residual_streams=4, hidden_dropout=0.0,
                 attention_dropout=0.0, bf16=dtype == torch.bfloat16, params_dtype=dtype,
                 use_cpu_initialization=True, use_fused_mhc=flag, hidden_size=64,
             )  # fmt: skip
