@@ -1,17 +1,26 @@
-"""Benchmark: the fork against the pinned, unpatched upstream in the same run (not a test).
+"""Benchmark: the fork against the pinned, unpatched upstream, and the cost of fork features (not a test).
 
-Trains a GPT + MoE + MTP model (local specs, bf16) for a few steps with each implementation in its
-own subprocess (same seed, same config) and prints a table and JSON: tokens/s, step time, peak and
-steady-state memory, and fork/upstream ratios, plus the fork-only feature rows and pass/fail lines
-for the targets in docs/benchmarks.md.
+Trains a GPT + MoE + MTP model (local specs, bf16) in fresh processes, one per measurement, and
+compares implementations side by side (bench/scenarios.py, COMPARISONS): upstream vs fork with
+features off, R3 replay off vs on, no mHC vs mHC at 4 streams (without and with full recompute).
 
-    python bench/fork_vs_upstream.py                   # defaults: 8 layers, hidden 2048, 8 experts top-2, seq 4096
-    python bench/fork_vs_upstream.py --device cpu --layers 2 --hidden 64 --seq 64 --steps 2   # smoke run
+Each comparison runs ``--rounds`` rounds. With two GPUs, A and B run at the same time, one per
+GPU, and swap GPUs every round, so both see the same machine state and neither owns the faster
+GPU; with one device they alternate (A first in even rounds, B first in odd ones). Every process
+measures ``--steps`` steps after ``--warmup``; each round gives one B/A ratio of the median step
+times and of the peak memory. Rows print the median and the min-max over rounds.
+
+    python bench/fork_vs_upstream.py --json bench.json          # defaults: batch 2, seq 4096, alltoall
+    python bench/fork_vs_upstream.py --from-json bench.json --write-docs   # re-render, update docs
+    python bench/fork_vs_upstream.py --device cpu --layers 2 --hidden 64 --seq 64 --batch 1 \\
+        --steps 2 --warmup 1 --rounds 1 --only mhc-overhead            # smoke run
 """
 
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -22,7 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.scenarios import SCENARIOS, TARGETS  # noqa: E402
+from bench.scenarios import COMPARISONS  # noqa: E402
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+MHC_LINE = re.compile(r"^mHC overhead \(4 streams\): .*$", re.M)
 
 
 def upstream_tree(tmp: Path) -> Path:
@@ -39,40 +51,166 @@ def upstream_tree(tmp: Path) -> Path:
     return top
 
 
-def run_worker(impl_root: Path, impl: str, scenario: str, args) -> dict:
+def start_worker(impl_root: Path, impl: str, scenario: str, args, gpu=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(impl_root), str(ROOT)])
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["MASTER_PORT"] = str(29500 + 17 * (gpu + 1) + os.getpid() % 500)
     cmd = [sys.executable, "-m", "bench.worker", "--impl", impl, "--scenario", scenario,
-           "--json-args", json.dumps(vars(args))]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
+           "--json-args", json.dumps(vars(args))]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def collect(proc, impl, scenario) -> dict:
+    out, err = proc.communicate()
+    lines = [l for l in out.splitlines() if l.startswith("BENCH_RESULT ")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout)[-3000:]
-        return {"impl": impl, "scenario": scenario, "error": tail}
+        return {"impl": impl, "scenario": scenario, "error": (err or out)[-3000:]}
     return json.loads(lines[-1][len("BENCH_RESULT "):])
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+def gpu_count(device) -> int:
+    if device != "cuda":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
-def table(rows):
-    head = (f"{'scenario':34} {'impl':9} {'tok/s':>10} {'step ms':>9} {'min-max ms':>13} {'peak GiB':>9} "
-            f"{'steady GiB':>10} {'ratio tok/s':>11} {'ratio peak':>10}")
+def run_comparison(name, spec, args, upstream, started):
+    """All rounds of one comparison: a list of {"a": result, "b": result, "gpus": ...}."""
+    sides = {"a": spec["a"], "b": spec["b"]}
+    rounds = []
+    concurrent = gpu_count(args.device) >= 2
+    for r in range(args.rounds):
+        results = {}
+        if concurrent:  # A and B at the same time, GPUs swapped every round
+            gpus = {"a": r % 2, "b": 1 - r % 2}
+            procs = {
+                side: start_worker(upstream if impl == "upstream" else ROOT, impl, scen, args, gpus[side])
+                for side, (scen, impl) in sides.items()
+            }
+            for side, (scen, impl) in sides.items():
+                results[side] = collect(procs[side], impl, scen)
+        else:  # one device: alternate the order
+            gpus = {"a": None, "b": None}
+            order = ["a", "b"] if r % 2 == 0 else ["b", "a"]
+            for side in order:
+                scen, impl = sides[side]
+                proc = start_worker(upstream if impl == "upstream" else ROOT, impl, scen, args)
+                results[side] = collect(proc, impl, scen)
+        results["gpus"] = gpus
+        rounds.append(results)
+        status = " ".join(
+            f"{side}={'error' if 'error' in results[side] else format(results[side]['step_ms'], '.1f') + 'ms'}"
+            for side in ("a", "b")
+        )
+        print(f"[{time.time() - started:6.1f}s] {name} round {r + 1}/{args.rounds}: {status}", flush=True)
+    return rounds
+
+
+def summarize(name, spec, rounds):
+    """Median and min-max over rounds for each side and for the B/A ratios."""
+    good = [r for r in rounds if "error" not in r["a"] and "error" not in r["b"]]
+    row = {"comparison": name, "a": "/".join(spec["a"][::-1]), "b": "/".join(spec["b"][::-1]),
+           "rounds": len(rounds), "ok_rounds": len(good), "what": spec["what"]}  # fmt: skip
+    if not good:
+        errors = [r[s]["error"] for r in rounds for s in ("a", "b") if "error" in r[s]]
+        row["error"] = errors[0].strip().splitlines()[-1][:200] if errors else "no rounds"
+        return row
+
+    def stats(values):
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    for side in ("a", "b"):
+        row[f"{side}_step_ms"] = stats([r[side]["step_ms"] for r in good])
+        row[f"{side}_peak_gib"] = stats([r[side]["peak_gib"] for r in good])
+    row["step_ratio"] = stats([r["b"]["step_ms"] / r["a"]["step_ms"] for r in good])
+    if all(r["a"]["peak_gib"] for r in good):
+        row["peak_ratio"] = stats([r["b"]["peak_gib"] / r["a"]["peak_gib"] for r in good])
+    verdicts = []
+    for key, bound in spec["targets"].items():
+        ratio = row.get(f"{key}_ratio")
+        if ratio is not None:
+            verdicts.append(ratio["median"] <= bound)
+    row["pass"] = all(verdicts) and len(verdicts) == len(spec["targets"])
+    return row
+
+
+def fmt_stats(s, spec):
+    return "-" if s is None else f"{format(s['median'], spec)} ({format(s['min'], spec)}-{format(s['max'], spec)})"
+
+
+def table(rows) -> str:
+    head = (f"{'comparison':28} {'A':22} {'B':24} {'A step ms':>22} {'B step ms':>22} "
+            f"{'B/A step':>22} {'B/A peak':>22}")  # fmt: skip
     out = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            out.append(f"{r['scenario']:34} {r['impl']:9} ERROR: {r['error'].strip().splitlines()[-1][:80]}")
+            out.append(f"{r['comparison']:28} {r['a']:22} {r['b']:24} ERROR: {r['error']}")
             continue
         out.append(
-            f"{r['scenario']:34} {r['impl']:9} {fmt(r['tokens_per_s'], '10.0f')} {fmt(r['step_ms'], '9.1f')} "
-            f"{fmt(r.get('step_ms_min'), '6.0f')}-{fmt(r.get('step_ms_max'), '<6.0f')} "
-            f"{fmt(r['peak_gib'], '9.2f')} {fmt(r['steady_gib'], '10.2f')} "
-            f"{fmt(r.get('ratio_tokens_per_s'), '11.3f')} {fmt(r.get('ratio_peak'), '10.3f')}"
+            f"{r['comparison']:28} {r['a']:22} {r['b']:24} {fmt_stats(r['a_step_ms'], '.1f'):>22} "
+            f"{fmt_stats(r['b_step_ms'], '.1f'):>22} {fmt_stats(r['step_ratio'], '.4f'):>22} "
+            f"{fmt_stats(r.get('peak_ratio'), '.4f'):>22}"
         )
+    out.append("")
+    out.append(f"{'peak GiB (median)':28} " + "  ".join(
+        f"{r['comparison']}: {r['a_peak_gib']['median']:.2f} -> {r['b_peak_gib']['median']:.2f}"
+        for r in rows if "error" not in r
+    ))  # fmt: skip
     return "\n".join(out)
+
+
+def verdict_lines(rows):
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append(f"FAIL  {r['comparison']}: {r['error']}")
+            continue
+        figures = f"step {fmt_stats(r['step_ratio'], '.4f')}"
+        if "peak_ratio" in r:
+            figures += f", peak {fmt_stats(r['peak_ratio'], '.4f')}"
+        lines.append(f"{'PASS' if r['pass'] else 'FAIL'}  {r['comparison']}: B/A {figures}; target {r['what']}")
+    return lines
+
+
+def mhc_line(rows):
+    by = {r["comparison"]: r for r in rows if "error" not in r}
+    m = by.get("mhc-overhead")
+    if not m or "peak_ratio" not in m:
+        return None
+    line = f"mHC overhead (4 streams): step {m['step_ratio']['median']:.2f}x, peak {m['peak_ratio']['median']:.2f}x"
+    rc = by.get("mhc-overhead-full-recompute")
+    if rc and "peak_ratio" in rc:
+        line += (f" (full recompute: step {rc['step_ratio']['median']:.2f}x, "
+                 f"peak {rc['peak_ratio']['median']:.2f}x)")  # fmt: skip
+    return line
+
+
+def write_docs(payload):
+    """Put the mHC overhead line and the latest table into docs/benchmarks.md."""
+    text = DOCS.read_text()
+    line = mhc_line(payload["rows"])
+    if line is None:
+        raise SystemExit("write-docs: no mhc-overhead result to write")
+    text = MHC_LINE.sub(line, text, count=1) if MHC_LINE.search(text) else text.replace("\n## ", f"\n{line}\n\n## ", 1)
+    block = "\n".join([table(payload["rows"]), "", *payload["targets"]])
+    marker_a, marker_b = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
+    meta = payload["meta"]
+    wall = f"{meta['wall_s']} s wall" if isinstance(meta["wall_s"], (int, float)) else meta["wall_s"]
+    body = (f"{marker_a}\n{meta.get('device_name', '?')} x{meta.get('gpus', '?')}, torch {meta.get('torch', '?')}, "
+            f"{meta['args']['rounds']} rounds x {meta['args']['steps']} steps, batch {meta['args']['batch']}, "
+            f"seq {meta['args']['seq']}, {meta['args']['dispatcher']} dispatcher, {wall}\n\n"
+            f"```\n{block}\n```\n{marker_b}")  # fmt: skip
+    if marker_a in text:
+        text = re.sub(re.escape(marker_a) + r".*?" + re.escape(marker_b), lambda _: body, text, flags=re.S)
+    else:
+        text = text.replace("\n## ", f"\n{body}\n\n## ", 1)
+    DOCS.write_text(text)
 
 
 def main(argv=None):
@@ -85,60 +223,53 @@ def main(argv=None):
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--topk", type=int, default=2)
     p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
     p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--repeats", type=int, default=2, help="rounds for fork-vs-upstream rows")
-    p.add_argument("--only", nargs="*", help="scenario names to run (default: all)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per comparison (GPUs swap each round)")
+    p.add_argument("--only", nargs="*", choices=sorted(COMPARISONS), help="comparisons to run (default: all)")
     p.add_argument("--json", dest="json_out", help="write the results here as JSON")
+    p.add_argument("--from-json", help="do not run: re-render the results of an earlier --json")
+    p.add_argument("--write-docs", action="store_true", help="write the mHC line and table into docs/benchmarks.md")
     args = p.parse_args(argv)
-    started = time.time()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        upstream = upstream_tree(Path(tmp))
-        for name, scenario in SCENARIOS.items():
-            if args.only and name not in args.only:
-                continue
-            # Side-by-side rows alternate the implementations over several rounds and keep each
-            # one's fastest run, so a cold first process or a noisy neighbour does not decide parity.
-            rounds = args.repeats if len(scenario["impls"]) > 1 else 1
-            best = {}
-            for round_ in range(rounds):
-                order = scenario["impls"] if round_ % 2 == 0 else scenario["impls"][::-1]
-                for impl in order:
-                    root = upstream if impl == "upstream" else ROOT
-                    result = run_worker(root, impl, name, args)
-                    print(f"[{time.time() - started:6.1f}s] {name} / {impl}: "
-                          + ("error" if "error" in result else f"{result['tokens_per_s']:.0f} tok/s"), flush=True)
-                    kept = best.get(impl)
-                    if kept is None or ("error" in kept and "error" not in result) or (
-                        "error" not in result and "error" not in kept
-                        and result["tokens_per_s"] > kept["tokens_per_s"]
-                    ):
-                        best[impl] = result
-            rows.extend(best[impl] for impl in scenario["impls"])
-    by_key = {(r["scenario"], r["impl"]): r for r in rows}
-    for r in rows:
-        base = by_key.get((r["scenario"], "upstream"))
-        if r["impl"] == "fork" and base and "error" not in r and "error" not in base:
-            r["ratio_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
-            r["ratio_peak"] = r["peak_gib"] / base["peak_gib"] if base["peak_gib"] else None
-    verdicts = [t(by_key) for t in TARGETS]
+    if args.from_json:
+        payload = json.loads(Path(args.from_json).read_text())
+    else:
+        started = time.time()
+        rows, raw = [], {}
+        with tempfile.TemporaryDirectory() as tmp:
+            needs_upstream = any(
+                "upstream" in (COMPARISONS[n]["a"][1], COMPARISONS[n]["b"][1])
+                for n in COMPARISONS if not args.only or n in args.only
+            )  # fmt: skip
+            upstream = upstream_tree(Path(tmp)) if needs_upstream else None
+            for name, spec in COMPARISONS.items():
+                if args.only and name not in args.only:
+                    continue
+                raw[name] = run_comparison(name, spec, args, upstream, started)
+                rows.append(summarize(name, spec, raw[name]))
+                print("ROW " + json.dumps({"row": rows[-1], "raw": raw[name]}), flush=True)
+        meta = {"args": {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs")},
+                "wall_s": round(time.time() - started, 1), "gpus": gpu_count(args.device)}  # fmt: skip
+        first = next((r[s] for rr in raw.values() for r in rr for s in ("a", "b") if "error" not in r[s]), {})
+        meta.update({k: first.get(k) for k in ("device_name", "torch", "python")})
+        payload = {"meta": meta, "rows": rows, "targets": verdict_lines(rows), "raw": raw}
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print()
-    print(table(rows))
+    print(table(payload["rows"]))
     print()
-    for line in verdicts:
+    for line in payload["targets"]:
         print(line)
-    meta = {"args": vars(args), "wall_s": round(time.time() - started, 1)}
-    if rows and "error" not in rows[0]:
-        meta.update({k: rows[0].get(k) for k in ("device_name", "torch", "python")})
-    payload = {"meta": meta, "rows": rows, "targets": verdicts}
-    print("\nJSON " + json.dumps(payload, sort_keys=True))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    return 0 if all(not r.get("error") for r in rows) else 1
+    line = mhc_line(payload["rows"])
+    if line:
+        print(line)
+    if args.write_docs:
+        write_docs(payload)
+    return 0 if all("error" not in r for r in payload["rows"]) else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "re
 
 # Fork-only knobs, by the names the patches give them.
 RECLAIM = {"recompute_reclaim_inputs": True}
-MHC = {"enable_hyper_connections": True, "num_residual_streams": 4}
+MHC = {"enable_mhc_connections": True, "mhc_num_residual_streams": 4}
 MTP_FREE_FORWARD = {"compute_mtp": False}
 
 SCENARIOS = {
@@ -14,6 +14,7 @@ SCENARIOS = {
     "logprob-forward-with-mtp": {"impls": ["fork"], "config": {}, "mode": "logprob"},
     "logprob-forward-mtp-free": {"impls": ["fork"], "config": {}, "mode": "logprob", "forward": MTP_FREE_FORWARD},
     "mhc+mtp": {"impls": ["fork"], "config": MHC, "mode": "train"},
+    "mhc+full-recompute": {"impls": ["fork"], "config": {**RECOMPUTE, **MHC}, "mode": "train"},
     "r3-replay-off": {"impls": ["fork"], "config": {}, "mode": "train"},
     "r3-replay-on": {"impls": ["fork"], "config": {"moe_enable_routing_replay": True}, "mode": "train-replay"},
 }
@@ -71,3 +72,26 @@ def r3_cost(by_key):
 
 
 TARGETS = [parity, reclaim, mtp_free, r3_cost]
+
+# Side-by-side comparisons: A and B run at the same time (one per GPU, swapped every round) or
+# alternate on one device; each round gives one B/A ratio. ``targets`` bound the median ratios:
+# "step" is B's step time over A's, "peak" B's peak memory over A's.
+COMPARISONS = {
+    "mhc-overhead": {
+        "a": ("plain", "fork"), "b": ("mhc+mtp", "fork"),
+        "targets": {"step": 1.10, "peak": 1.20}, "what": "mHC 4 streams vs none: step <= 1.10x, peak <= 1.20x",
+    },
+    "mhc-overhead-full-recompute": {
+        "a": ("full-recompute", "fork"), "b": ("mhc+full-recompute", "fork"),
+        "targets": {"peak": 1.10}, "what": "mHC 4 streams vs none, full recompute: peak <= 1.10x",
+    },
+    "fork-vs-upstream": {
+        "a": ("plain", "upstream"), "b": ("plain", "fork"),
+        "targets": {"step": 1 / 0.99, "peak": 1.01},
+        "what": "features off: fork/upstream tokens/s >= 0.99 (step ratio <= 1.0101), peak <= 1.01",
+    },
+    "r3-replay-cost": {
+        "a": ("r3-replay-off", "fork"), "b": ("r3-replay-on", "fork"),
+        "targets": {"step": 1.02}, "what": "R3 replay cost < 2%",
+    },
+}

@@ -35,7 +35,8 @@ def build(args, overrides):
     config = TransformerConfig(
         num_layers=args["layers"], hidden_size=args["hidden"], num_attention_heads=args["heads"],
         ffn_hidden_size=args["ffn"] or args["hidden"], num_moe_experts=args["experts"],
-        moe_router_topk=args["topk"], moe_token_dispatcher_type="allgather", mtp_num_layers=1,
+        moe_router_topk=args["topk"], moe_token_dispatcher_type=args.get("dispatcher", "allgather"),
+        mtp_num_layers=1,
         add_bias_linear=False, bf16=dtype == torch.bfloat16, params_dtype=dtype,
         use_cpu_initialization=args["device"] == "cpu", moe_grouped_gemm=False,
         **overrides,
@@ -118,9 +119,11 @@ def measure(args, scenario):
         steady.append(step())
         sync(device)
         times.append(time.perf_counter() - t0)
+    step_times_ms = [1000 * t for t in times]
     times.sort()
     step_s = times[len(times) // 2]  # median: robust to one slow step
     result = {
+        "step_times_ms": step_times_ms,
         "step_ms_min": 1000 * times[0], "step_ms_max": 1000 * times[-1],
         "impl": args["impl"], "scenario": args["scenario"],
         "step_ms": 1000 * step_s,

@@ -12,7 +12,7 @@ from tiny_models import gpt, moe_config, token_batch
 
 def main():
     with cpu_harness.single_process(seed=1234):
-        policy = gpt(moe_config(enable_hyper_connections=True, num_residual_streams=4))
+        policy = gpt(moe_config(enable_mhc_connections=True, mhc_num_residual_streams=4))
         streams = [n for n, _ in policy.named_parameters() if "hyper" in n or "mhc" in n]
         assert streams, "the model should carry mHC parameters"
         optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)

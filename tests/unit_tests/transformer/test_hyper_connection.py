@@ -1,9 +1,8 @@
-"""Manifold-constrained hyper-connections (mHC) and the MTP multistream contract.
+"""Manifold-constrained hyper-connections (mHC): the basic layer, full recompute, pipeline stages.
 
-The decoder widens the residual stream to n streams ``[s, b, n*h]``; with MTP it returns
-``(contracted_hidden, mhc_multistream)`` and GPTModel must hand the multistream to the MTP block.
-The verl crash this guards against: a postprocess that dropped ``mhc_multistream`` so MTP took the
-``[s, b, h]`` path and died in a reshape. Here that is a clear error naming the caller.
+The decoder widens the residual stream to n streams ``[s, b, n*h]``. The math is checked against
+the formulas in float64; every layer option the mHC forward would bypass is supported or refused.
+The MTP multistream contract has its own file (``test_mhc_multistream.py``).
 """
 
 import glob
@@ -27,7 +26,7 @@ from megatron.core.transformer.hyper_connection import (
     HyperConnection,
     HyperConnectionHead,
     expand_streams,
-    sinkhorn_knopp,
+    sinkhorn_log,
 )
 from megatron.core.transformer.transformer_block import TransformerBlock
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
@@ -45,44 +44,83 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def mhc_config(**overrides):
+    """The tiny MoE GPT config with mHC (upstream main's names) and without MTP."""
     values = dict(
-        enable_hyper_connections=True,
-        num_residual_streams=N,
+        enable_mhc_connections=True,
+        mhc_num_residual_streams=N,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        mtp_num_layers=None,
     )
     values.update(overrides)
     return tiny_moe_mtp_config(**values)
+
+
+def mhc_mtp_config(**overrides):
+    """``mhc_config`` with one MTP layer."""
+    return mhc_config(**{"mtp_num_layers": 1, **overrides})
 
 
 def grads_of(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-class TestSinkhornKnopp:
-    def test_doubly_stochastic(self):
+class TestSinkhornLog:
+    def test_rows_exact_columns_converge(self):
         torch.manual_seed(0)
         logits = torch.randn(5, 3, 4, 4)
-        m = sinkhorn_knopp(logits, iterations=20)
+        m = sinkhorn_log(logits, iters=20)
         assert m.dtype == torch.float32
         assert (m > 0).all()
-        torch.testing.assert_close(m.sum(-1), torch.ones(5, 3, 4), atol=1e-5, rtol=0)
+        torch.testing.assert_close(m.sum(-1), torch.ones(5, 3, 4), atol=1e-6, rtol=0)
         torch.testing.assert_close(m.sum(-2), torch.ones(5, 3, 4), atol=1e-4, rtol=0)
 
     def test_one_iteration_is_not_enough_for_skewed_logits(self):
-        # The projection is what makes the columns sum to one, not the softmax.
+        # The iteration is what makes the columns sum to one, not the first row normalisation.
         logits = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
-        assert (sinkhorn_knopp(logits, 0).sum(-2) - 1).abs().max() > 0.5
-        assert (sinkhorn_knopp(logits, 30).sum(-2) - 1).abs().max() < 1e-3
+        assert (sinkhorn_log(logits, 0).sum(-2) - 1).abs().max() > 0.5
+        assert (sinkhorn_log(logits, 30).sum(-2) - 1).abs().max() < 1e-3
+
+    @pytest.mark.parametrize("std", [10.0, 50.0, 100.0, 1e3])
+    def test_finite_gradients_for_wide_logits(self, std):
+        # Probability-space Sinkhorn gave NaN gradients on 2.8% of tokens at std 50, 27% at 100.
+        gen = torch.Generator().manual_seed(int(std))
+        logits = (torch.randn(20000, 4, 4, generator=gen) * std).requires_grad_(True)
+        m = sinkhorn_log(logits, 20)
+        assert torch.isfinite(m).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(20000, 4), atol=1e-5, rtol=0)
+        m.backward(torch.randn(m.shape, generator=gen))
+        assert torch.isfinite(logits.grad).all()
+
+    @pytest.mark.parametrize("gap", [1e2, 1e4, 1e8, 1e30, 3e38])
+    def test_finite_gradients_with_a_column_far_below_the_rest(self, gap):
+        gen = torch.Generator().manual_seed(1)
+        base = torch.randn(64, 4, 4, generator=gen)
+        base[:, :, 1] -= gap  # one column far below: in probability space it underflows to 0/0
+        base[::2, 2, :] += gap / 2  # and a row far above in half the tokens
+        logits = base.requires_grad_(True)
+        m = sinkhorn_log(logits, 20)
+        assert torch.isfinite(m).all() and (m >= 0).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(64, 4), atol=1e-5, rtol=0)
+        m.backward(torch.randn(m.shape, generator=gen))
+        assert torch.isfinite(logits.grad).all()
+
+    def test_invariant_to_row_and_column_shifts(self):
+        # Sinkhorn's fixed point depends on the logits only up to row and column constants.
+        torch.manual_seed(2)
+        logits = torch.randn(8, 3, 3, dtype=torch.float64)
+        shifted = logits + torch.randn(8, 3, 1, dtype=torch.float64) * 50
+        shifted = shifted + torch.randn(8, 1, 3, dtype=torch.float64) * 50
+        torch.testing.assert_close(sinkhorn_log(shifted, 200), sinkhorn_log(logits, 200))
 
     def test_gradcheck_float64(self):
         torch.manual_seed(0)
         logits = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda x: sinkhorn_knopp(x, 5), (logits,))
+        assert torch.autograd.gradcheck(lambda x: sinkhorn_log(x, 5), (logits,))
 
     def test_rejects_non_square(self):
-        with pytest.raises(ValueError, match="sinkhorn_knopp.*n, n"):
-            sinkhorn_knopp(torch.zeros(2, 3, 4), 3)
+        with pytest.raises(ValueError, match="sinkhorn_log.*n, n"):
+            sinkhorn_log(torch.zeros(2, 3, 4), 3)
 
 
 class TestHyperConnectionPieces:
@@ -92,12 +130,15 @@ class TestHyperConnectionPieces:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    def test_use_fused_mhc_is_a_clear_error(self):
-        with pytest.raises(ValueError, match="use_fused_mhc.*not part of this fork"):
-            mhc_config(use_fused_mhc=True)
+    def test_mhc_recompute_layer_num_is_a_clear_error(self):
+        # upstream main's knob for its selective "mhc" recompute, which the fork does not have
+        with pytest.raises(ValueError, match="mhc_recompute_layer_num=2: .*selective 'mhc'"):
+            mhc_config(mhc_recompute_layer_num=2)
+        with pytest.raises(ValueError, match="mhc_recompute_layer_num=1"):
+            tiny_moe_mtp_config(mhc_recompute_layer_num=1)  # even with mHC off
 
     def test_pre_post_weights_in_range_and_res_doubly_stochastic(self):
-        cfg = mhc_config(num_residual_streams=4, mhc_init_gating_factor=1.0)
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
         hc = HyperConnection(cfg)
         torch.manual_seed(1)
         x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size) * 5
@@ -109,11 +150,48 @@ class TestHyperConnectionPieces:
         assert (h_post > 0).all() and (h_post < 2).all()
         # token-dependent: not every token gets the same weights
         assert h_pre.std(dim=0).max() > 1e-3
-        torch.testing.assert_close(h_res.sum(-1), torch.ones(SEQ, BATCH, 4), atol=1e-5, rtol=0)
+        torch.testing.assert_close(h_res.sum(-1), torch.ones(SEQ, BATCH, 4), atol=1e-6, rtol=0)
         torch.testing.assert_close(h_res.sum(-2), torch.ones(SEQ, BATCH, 4), atol=1e-2, rtol=0)
 
+    def test_residual_mix_is_a_convex_combination_per_output_stream(self):
+        # With the sublayer output zero every new stream must lie inside the hull of the old ones,
+        # even where Sinkhorn has not converged (wide logits): the residual gain never exceeds 1.
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
+        hc = HyperConnection(cfg)
+        with torch.no_grad():
+            hc.mapping_weight.mul_(500.0)  # residual logits with std ~10
+        torch.manual_seed(3)
+        x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size)
+        _, h_post, h_res = hc(x)
+        zero = torch.zeros(SEQ, BATCH, cfg.hidden_size)
+        new = hc.combine(x, h_post, h_res, (zero, None), 0.0, False)
+        old = x.unflatten(-1, (4, cfg.hidden_size))
+        new = new.unflatten(-1, (4, cfg.hidden_size))
+        lo, hi = old.min(dim=2, keepdim=True).values, old.max(dim=2, keepdim=True).values
+        assert (new >= lo - 1e-5).all() and (new <= hi + 1e-5).all()
+        assert (h_res.sum(-2) - 1).abs().max() > 0.05, "columns should be off: test too easy"
+        # stream i takes row i: a permutation-like H_res must move stream j into stream i
+        perm = torch.tensor([2, 0, 3, 1])
+        h_perm = torch.eye(4)[perm].expand(SEQ, BATCH, 4, 4)
+        moved = hc.combine(x, torch.zeros_like(h_post), h_perm, (zero, None), 0.0, False)
+        torch.testing.assert_close(moved.unflatten(-1, (4, cfg.hidden_size)), old[:, :, perm])
+
+    def test_huge_mapping_weights_give_finite_gradients(self):
+        cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
+        hc = HyperConnection(cfg)
+        with torch.no_grad():
+            hc.mapping_weight.normal_(0.0, 30.0)  # residual logits with std ~ 1e3 per token
+        torch.manual_seed(4)
+        x = torch.randn(SEQ, BATCH, 4 * cfg.hidden_size, requires_grad=True)
+        sub_in, h_post, h_res = hc(x)
+        out = hc.combine(x, h_post, h_res, (torch.tanh(sub_in), None), 0.0, False)
+        out.square().sum().backward()
+        for name, p in hc.named_parameters():
+            assert torch.isfinite(p.grad).all(), name
+        assert torch.isfinite(x.grad).all()
+
     def test_shape_flow_through_the_block(self):
-        cfg = mhc_config(mtp_num_layers=None)
+        cfg = mhc_config()
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
         block = TransformerBlock(cfg, spec)
         seen = []
@@ -144,6 +222,227 @@ class TestHyperConnectionPieces:
             head(x)
 
 
+def _ref_sigmoid(t):
+    return 1.0 / (1.0 + torch.exp(-t))
+
+
+def _ref_sublayer_mhc(x, hc_params, n, iters, sublayer, norm_eps):
+    """The paper's update for one sublayer, from the formulas, in float64, written without the
+    module's code: Sinkhorn as alternating scaling vectors ``P = diag(u) K diag(v)``, mixing and
+    weighting as explicit loops over streams. Returns the new streams ``[s, b, n*h]``."""
+    weight, bias, a_pre, a_post, a_res = hc_params
+    h = x.shape[-1] // n
+    r = x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm_eps)
+    z = r @ weight.t()
+    pre = _ref_sigmoid(a_pre * z[..., :n] + bias[:n]) + 1e-6
+    post = 2.0 * _ref_sigmoid(a_post * z[..., n : 2 * n] + bias[n : 2 * n])
+    kernel = torch.exp(a_res * z[..., 2 * n :] + bias[2 * n :]).reshape(*x.shape[:-1], n, n)
+    u = 1.0 / kernel.sum(-1)  # rows first (v = 1)
+    v = torch.ones_like(u)
+    for _ in range(iters):
+        v = 1.0 / (kernel * u.unsqueeze(-1)).sum(-2)  # columns
+        u = 1.0 / (kernel * v.unsqueeze(-2)).sum(-1)  # rows, last
+    res = u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+    streams = [x[..., j * h : (j + 1) * h] for j in range(n)]
+    sub_in = sum(pre[..., j : j + 1] * streams[j] for j in range(n))
+    y = sublayer(sub_in)
+    new = []
+    for i in range(n):
+        mixed = sum(res[..., i, j : j + 1] * streams[j] for j in range(n))
+        new.append(mixed + post[..., i : i + 1] * y)
+    return torch.cat(new, dim=-1)
+
+
+def _ref_head(x, head_fn, head_base, head_scale, n, norm_eps):
+    h = x.shape[-1] // n
+    r = x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm_eps)
+    w = _ref_sigmoid(head_scale * (r @ head_fn.t()) + head_base) + 1e-6
+    return sum(w[..., j : j + 1] * x[..., j * h : (j + 1) * h] for j in range(n))
+
+
+def _hc_params(hc):
+    return (hc.mapping_weight, hc.mapping_bias, hc.alpha_pre, hc.alpha_post, hc.alpha_res)
+
+
+class TestFloat64Reference:
+    """The whole mHC forward and backward against the formulas, in float64."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def _randomize(self, module, gen, scale=0.3):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+
+    def test_sublayer_and_head_match_the_formulas(self):
+        n, iters = 3, 7
+        cfg = mhc_config(mhc_num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+                         mhc_init_gating_factor=0.5)
+        h = cfg.hidden_size
+        gen = torch.Generator().manual_seed(5)
+        hc, head = HyperConnection(cfg).double(), HyperConnectionHead(cfg).double()
+        self._randomize(hc, gen)
+        self._randomize(head, gen)
+        with torch.no_grad():
+            hc.mapping_weight.mul_(20.0)  # token-dependent mappings far from their init
+        sub = torch.nn.Linear(h, h).double()
+        x = torch.randn(SEQ, BATCH, n * h, generator=gen, dtype=torch.float64)
+        probe = torch.randn(SEQ, BATCH, h, generator=gen, dtype=torch.float64)
+        leaves = [x, *hc.parameters(), *head.parameters(), *sub.parameters()]
+
+        def sublayer(u):
+            return torch.tanh(sub(u))
+
+        def run(forward):
+            for t in leaves:
+                t.grad = None
+                t.requires_grad_(True)
+            out = forward()
+            (out * probe).sum().backward()
+            return out.detach(), [t.grad.clone() for t in leaves]
+
+        def module_path():
+            sub_in, h_post, h_res = hc(x)
+            streams = hc.combine(x, h_post, h_res, (sublayer(sub_in), None), 0.0, False)
+            return head(streams)
+
+        def reference_path():
+            eps = cfg.layernorm_epsilon
+            streams = _ref_sublayer_mhc(x, _hc_params(hc), n, iters, sublayer, eps)
+            return _ref_head(streams, head.hc_head_fn, head.hc_head_base, head.hc_head_scale,
+                             n, eps)
+
+        out, grads = run(module_path)
+        ref_out, ref_grads = run(reference_path)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
+        names = ["x"] + [f"hc.{k}" for k, _ in hc.named_parameters()]
+        names += [f"head.{k}" for k, _ in head.named_parameters()]
+        names += [f"sub.{k}" for k, _ in sub.named_parameters()]
+        for name, g, ref in zip(names, grads, ref_grads):
+            assert ref.abs().max() > 0, name
+            torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
+
+    @pytest.mark.parametrize("post_norms", [False, True], ids=["plain", "post_norms"])
+    def test_transformer_layer_matches_the_formulas(self, post_norms):
+        # The layer wiring: attention then MLP, each through its norm (and, with the GLM-style
+        # post-sublayer norms, a norm of its output), mixed by its own mHC.
+        n, iters = 2, 5
+        cfg = mhc_config(mhc_num_residual_streams=n, mhc_sinkhorn_iterations=iters,
+                         num_moe_experts=None, mhc_init_gating_factor=0.5,
+                         post_self_attn_layernorm=post_norms, post_mlp_layernorm=post_norms)
+        spec = get_gpt_layer_local_spec()
+        block = TransformerBlock(cfg, spec, post_process=False).double()
+        layer = block.layers[0]
+        gen = torch.Generator().manual_seed(6)
+        self._randomize(layer.self_attention_hyper_connection, gen)
+        self._randomize(layer.mlp_hyper_connection, gen)
+        if post_norms:  # away from the unit init, so a skipped norm cannot go unnoticed
+            self._randomize(layer.post_self_attn_layernorm, gen)
+            self._randomize(layer.post_mlp_layernorm, gen)
+        _, _, mask = causal_batch()
+        x = torch.randn(SEQ, BATCH, n * cfg.hidden_size, generator=gen, dtype=torch.float64)
+        probe = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+        params = list(layer.parameters())
+
+        def run(forward):
+            for t in [x, *params]:
+                t.grad = None
+            x.requires_grad_(True)
+            out = forward()
+            (out * probe).sum().backward()
+            return out.detach(), [x.grad.clone()] + [p.grad.clone() for p in params]
+
+        def post(norm, out):
+            return norm(out) if post_norms else out
+
+        def attention(u):
+            out, bias = layer.self_attention(layer.input_layernorm(u), attention_mask=mask)
+            return post(layer.post_self_attn_layernorm, out if bias is None else out + bias)
+
+        def mlp(u):
+            out, bias = layer.mlp(layer.pre_mlp_layernorm(u))
+            return post(layer.post_mlp_layernorm, out if bias is None else out + bias)
+
+        def reference():
+            eps = cfg.layernorm_epsilon
+            hc_a = _hc_params(layer.self_attention_hyper_connection)
+            hc_m = _hc_params(layer.mlp_hyper_connection)
+            mid = _ref_sublayer_mhc(x, hc_a, n, iters, attention, eps)
+            return _ref_sublayer_mhc(mid, hc_m, n, iters, mlp, eps)
+
+        out, grads = run(lambda: layer(hidden_states=x, attention_mask=mask)[0])
+        ref_out, ref_grads = run(reference)
+        torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
+        names = ["x"] + [k for k, _ in layer.named_parameters()]
+        assert any("post_mlp_layernorm" in k for k in names) == post_norms
+        for name, g, ref in zip(names, grads, ref_grads):
+            torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-11, msg=name)
+
+
+class TestLayerOptionsUnderMHC:
+    """Every TransformerLayer option the mHC forward would bypass is supported or refused."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_post_sublayer_norms_train_in_the_mhc_layer(self):
+        torch.manual_seed(0)
+        model = build_gpt(
+            mhc_config(post_self_attn_layernorm=True, post_mlp_layernorm=True), with_mtp=False
+        )
+        norms = [n for n, _ in model.named_parameters() if ".post_" in n and "layernorm" in n]
+        assert len(norms) == 8, norms  # 2 layers, two norms each, weight and bias
+        tokens, position_ids, mask = causal_batch()
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+        params = dict(model.named_parameters())
+        dead = [n for n in norms if params[n].grad is None or not params[n].grad.abs().sum() > 0]
+        assert not dead, f"post-sublayer norm parameters without gradient under mHC: {dead}"
+
+    @pytest.mark.parametrize(
+        "field, value, extra",
+        [
+            ("fused_residual_rmsnorm", True, dict(normalization="RMSNorm")),
+            ("mlp_chunks_for_training", 2, {}),
+            ("mlp_chunks_for_prefill", 2, {}),
+            ("fp32_residual_connection", True, {}),
+        ],
+    )
+    def test_bypassed_config_options_are_refused(self, field, value, extra):
+        with pytest.raises(ValueError, match=f"enable_mhc_connections does not support {field}"):
+            mhc_config(**{field: value}, **extra)
+
+    def test_selective_recompute_of_layer_norms_is_refused(self):
+        with pytest.raises(ValueError, match=r"selective recompute of \['layernorm'\]"):
+            mhc_config(recompute_granularity="selective", recompute_modules=["layernorm"])
+
+    @pytest.mark.parametrize("field", ["self_attn_bda", "mlp_bda"])
+    def test_non_standard_bias_dropout_add_is_refused(self, field):
+        from megatron.core.transformer.identity_op import IdentityFuncOp
+
+        cfg = mhc_config(num_moe_experts=None)
+        spec = get_gpt_layer_local_spec()
+        setattr(spec.submodules, field, IdentityFuncOp)
+        with pytest.raises(ValueError, match=f"layer 1: {field} is .*get_bias_dropout_add"):
+            TransformerBlock(cfg, spec)
+
+    def test_missing_sublayer_is_refused(self):
+        from megatron.core.transformer.identity_op import IdentityOp
+
+        cfg = mhc_config(num_moe_experts=None)
+        spec = get_gpt_layer_local_spec()
+        spec.submodules.mlp = IdentityOp
+        with pytest.raises(ValueError, match="layer 1 has no mlp"):
+            TransformerBlock(cfg, spec)
+
+
 class TestGPTWithHyperConnections:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
@@ -153,7 +452,7 @@ class TestGPTWithHyperConnections:
 
     def test_trains_with_falling_loss(self):
         torch.manual_seed(0)
-        model = build_gpt(mhc_config())
+        model = build_gpt(mhc_config(), with_mtp=False)
         tokens, position_ids, mask = causal_batch()
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         losses = []
@@ -165,77 +464,36 @@ class TestGPTWithHyperConnections:
             losses.append(loss.item())
         assert all(torch.isfinite(torch.tensor(losses)))
         assert losses[-1] < losses[0] - 0.1, losses
-        hc = [n for n, p in model.named_parameters() if "hyper_connection" in n or "hc_head" in n]
-        assert any(n.startswith("mtp.") for n in hc) and any(n.startswith("decoder.") for n in hc)
-
-    def test_mtp_block_receives_the_multistream(self):
-        model = build_gpt(mhc_config())
-        seen = {}
-
-        def block_hook(mod, args, kwargs):
-            seen["block"] = kwargs["mhc_multistream"].shape
-            seen["block_hidden"] = kwargs["hidden_states"].shape
-
-        def layer_hook(mod, args, kwargs):
-            seen["layer"] = kwargs["hidden_states"].shape
-
-        model.mtp.register_forward_pre_hook(block_hook, with_kwargs=True)
-        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
-        tokens, position_ids, mask = causal_batch()
-        loss = model(tokens, position_ids, mask, labels=tokens)
-        h = model.config.hidden_size
-        assert seen["block"] == (SEQ, BATCH, N * h)
-        assert seen["block_hidden"] == (SEQ, BATCH, h)  # contracted output, for the main loss
-        assert seen["layer"] == (SEQ, BATCH, N * h)
-        loss.mean().backward()
         missing = [n for n, p in model.named_parameters() if p.grad is None]
         assert not missing, missing
+        hc = [n for n, p in model.named_parameters() if "hyper_connection" in n or "hc_head" in n]
+        assert "decoder.hc_head.hc_head_fn" in hc and len(hc) == 2 * 2 * 5 + 3, hc
 
     def test_sharded_state_dict_carries_the_mhc_parameters(self):
-        model = build_gpt(mhc_config())
+        model = build_gpt(mhc_config(), with_mtp=False)
         mhc = {n for n, _ in model.named_parameters() if "hyper_connection" in n or "hc_head" in n}
-        assert "decoder.hc_head.hc_head_fn" in mhc and "mtp.layers.0.hc_head.hc_head_fn" in mhc
+        assert "decoder.hc_head.hc_head_fn" in mhc
+        assert "decoder.layers.0.self_attention_hyper_connection.mapping_weight" in mhc
         sharded = model.sharded_state_dict()
         assert mhc <= set(sharded), sorted(mhc - set(sharded))
 
-    def test_dropped_multistream_is_a_clear_error(self):
-        model = build_gpt(mhc_config())
-        original = model._postprocess
 
-        def postprocess_that_drops_it(**kwargs):  # what the buggy verl override did
-            kwargs["mhc_multistream"] = None
-            return original(**kwargs)
+class TestFullRecompute:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
 
-        model._postprocess = postprocess_that_drops_it
-        tokens, position_ids, mask = causal_batch()
-        with pytest.raises(ValueError, match=r"MultiTokenPredictionBlock\.forward.*got None"):
-            model(tokens, position_ids, mask, labels=tokens)
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
 
-    def test_detached_mtp_heads_take_the_multistream_without_grad_to_the_decoder(self):
+    @pytest.mark.parametrize("method", ["uniform", "block"])
+    @pytest.mark.parametrize("mtp", [False, True], ids=["no_mtp", "mtp"])
+    def test_grads_equal_no_recompute(self, method, mtp):
+        make = mhc_mtp_config if mtp else mhc_config
         torch.manual_seed(0)
-        model = build_gpt(mhc_config(mtp_detach_heads=True))
-        seen = {}
-
-        def layer_hook(mod, args, kwargs):
-            seen["input"] = kwargs["hidden_states"]
-
-        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
-        tokens, position_ids, mask = causal_batch()
-        loss = model(tokens, position_ids, mask, labels=tokens)
-        assert seen["input"].shape == (SEQ, BATCH, N * model.config.hidden_size)
-        assert seen["input"].grad_fn is None, "the MTP depth input must be cut from the decoder"
-        loss.mean().backward()
-        for prefix in ("decoder.", "mtp."):
-            grads = [p.grad for n, p in model.named_parameters() if n.startswith(prefix)]
-            assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), prefix
-
-    def test_full_recompute_grads_equal_no_recompute(self):
-        torch.manual_seed(0)
-        plain = build_gpt(mhc_config())
+        plain = build_gpt(make(), with_mtp=mtp)
         recompute = build_gpt(
-            mhc_config(
-                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
-            )
+            make(recompute_granularity="full", recompute_method=method, recompute_num_layers=1),
+            with_mtp=mtp,
         )
         recompute.load_state_dict(plain.state_dict())
         tokens, position_ids, mask = causal_batch()
@@ -329,7 +587,7 @@ def _pipeline_parallel_two_stages(rank, world_size):
         # LanguageModule moves the MTP stage's embedding copy with .cuda() before syncing it.
         torch.Tensor.cuda = lambda self, *args, **kwargs: self
     Utils.initialize_model_parallel(1, 2)
-    cfg = mhc_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+    cfg = mhc_mtp_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
     model = GPTModel(
         cfg,
@@ -388,9 +646,9 @@ class TestHyperConnectionsBF16OnGPU:  # the lead runs these on the H200
         Utils.destroy_model_parallel()
 
     def test_bf16_forward_backward(self):
-        cfg = mhc_config(
+        cfg = mhc_mtp_config(
             bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=False,
-            num_residual_streams=4,
+            mhc_num_residual_streams=4,
         )
         # Plain GPTModel (no Float16Module): cast every parameter, position embeddings included.
         model = build_gpt(cfg).cuda().bfloat16()

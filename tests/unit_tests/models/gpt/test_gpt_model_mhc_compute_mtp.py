@@ -11,7 +11,7 @@ import torch
 from megatron.core.models.gpt.mtp_free import load_state_dict_without_mtp, mtp_free_config
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, causal_batch
 from tests.unit_tests.test_utilities import Utils
-from tests.unit_tests.transformer.test_hyper_connection import mhc_config
+from tests.unit_tests.transformer.test_hyper_connection import mhc_mtp_config
 
 
 class TestMHCWithComputeMTP:
@@ -24,7 +24,7 @@ class TestMHCWithComputeMTP:
     @pytest.mark.parametrize("detach", [{}, {"mtp_detach_output_layer": True}], ids=["live-head", "head-only-detach"])
     def test_mtp_free_forward_equals_mhc_model_without_mtp(self, detach):
         torch.manual_seed(7)
-        model = build_gpt(mhc_config(**detach))
+        model = build_gpt(mhc_mtp_config(**detach))
         torch.manual_seed(8)
         reference = build_gpt(mtp_free_config(model.config), with_mtp=False)
         dropped = load_state_dict_without_mtp(reference, model.state_dict())
@@ -47,7 +47,7 @@ class TestMHCWithComputeMTP:
 
     def test_mtp_free_training_loss_has_no_mtp_gradient(self):
         torch.manual_seed(7)
-        model = build_gpt(mhc_config())
+        model = build_gpt(mhc_mtp_config())
         tokens, position_ids, mask = causal_batch()
         model(tokens, position_ids, mask, labels=tokens, compute_mtp=False).mean().backward()
         mtp_grads = [n for n, p in model.named_parameters() if n.startswith("mtp.") and p.grad is not None]

@@ -1,0 +1,119 @@
+"""The mHC multistream contract between the decoder and the MTP block.
+
+The decoder widens the residual stream to n streams ``[s, b, n*h]``; with MTP it returns
+``(contracted_hidden, mhc_multistream)`` and GPTModel must hand the multistream to the MTP block.
+The verl crash this guards against: a postprocess that dropped ``mhc_multistream`` so MTP took the
+``[s, b, h]`` path and died in a reshape. Here that is a clear error naming the caller.
+"""
+
+import pytest
+import torch
+
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_block import TransformerBlock
+from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
+    BATCH,
+    SEQ,
+    build_gpt,
+    causal_batch,
+)
+from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.transformer.test_hyper_connection import N, mhc_config, mhc_mtp_config
+
+
+class TestMTPMultistream:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_trains_with_falling_loss(self):
+        torch.manual_seed(0)
+        model = build_gpt(mhc_mtp_config())
+        tokens, position_ids, mask = causal_batch()
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(6):
+            opt.zero_grad()
+            loss = model(tokens, position_ids, mask, labels=tokens).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert all(torch.isfinite(torch.tensor(losses)))
+        assert losses[-1] < losses[0] - 0.1, losses
+        hc = [n for n, p in model.named_parameters() if "hyper_connection" in n or "hc_head" in n]
+        assert any(n.startswith("mtp.") for n in hc) and any(n.startswith("decoder.") for n in hc)
+
+    def test_block_returns_the_multistream_only_with_mtp(self):
+        cfg = mhc_mtp_config()
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+        block = TransformerBlock(cfg, spec)
+        x = torch.randn(SEQ, BATCH, cfg.hidden_size)
+        _, _, mask = causal_batch()
+        hidden, multistream = block(hidden_states=x, attention_mask=mask)
+        assert hidden.shape == (SEQ, BATCH, cfg.hidden_size)
+        assert multistream.shape == (SEQ, BATCH, N * cfg.hidden_size)
+        plain = TransformerBlock(mhc_config(), spec)(hidden_states=x, attention_mask=mask)
+        assert isinstance(plain, torch.Tensor) and plain.shape == (SEQ, BATCH, cfg.hidden_size)
+
+    def test_sharded_state_dict_carries_the_mtp_head(self):
+        model = build_gpt(mhc_mtp_config())
+        mhc = {n for n, _ in model.named_parameters() if "hyper_connection" in n or "hc_head" in n}
+        assert "decoder.hc_head.hc_head_fn" in mhc and "mtp.layers.0.hc_head.hc_head_fn" in mhc
+        sharded = model.sharded_state_dict()
+        assert mhc <= set(sharded), sorted(mhc - set(sharded))
+
+    def test_mtp_block_receives_the_multistream(self):
+        model = build_gpt(mhc_mtp_config())
+        seen = {}
+
+        def block_hook(mod, args, kwargs):
+            seen["block"] = kwargs["mhc_multistream"].shape
+            seen["block_hidden"] = kwargs["hidden_states"].shape
+
+        def layer_hook(mod, args, kwargs):
+            seen["layer"] = kwargs["hidden_states"].shape
+
+        model.mtp.register_forward_pre_hook(block_hook, with_kwargs=True)
+        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
+        tokens, position_ids, mask = causal_batch()
+        loss = model(tokens, position_ids, mask, labels=tokens)
+        h = model.config.hidden_size
+        assert seen["block"] == (SEQ, BATCH, N * h)
+        assert seen["block_hidden"] == (SEQ, BATCH, h)  # contracted output, for the main loss
+        assert seen["layer"] == (SEQ, BATCH, N * h)
+        loss.mean().backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None]
+        assert not missing, missing
+
+    def test_dropped_multistream_is_a_clear_error(self):
+        model = build_gpt(mhc_mtp_config())
+        original = model._postprocess
+
+        def postprocess_that_drops_it(**kwargs):  # what the buggy verl override did
+            kwargs["mhc_multistream"] = None
+            return original(**kwargs)
+
+        model._postprocess = postprocess_that_drops_it
+        tokens, position_ids, mask = causal_batch()
+        with pytest.raises(ValueError, match=r"MultiTokenPredictionBlock\.forward.*got None"):
+            model(tokens, position_ids, mask, labels=tokens)
+
+    def test_detached_mtp_heads_take_the_multistream_without_grad_to_the_decoder(self):
+        torch.manual_seed(0)
+        model = build_gpt(mhc_mtp_config(mtp_detach_heads=True))
+        seen = {}
+
+        def layer_hook(mod, args, kwargs):
+            seen["input"] = kwargs["hidden_states"]
+
+        model.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
+        tokens, position_ids, mask = causal_batch()
+        loss = model(tokens, position_ids, mask, labels=tokens)
+        assert seen["input"].shape == (SEQ, BATCH, N * model.config.hidden_size)
+        assert seen["input"].grad_fn is None, "the MTP depth input must be cut from the decoder"
+        loss.mean().backward()
+        for prefix in ("decoder.", "mtp."):
+            grads = [p.grad for n, p in model.named_parameters() if n.startswith(prefix)]
+            assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), prefix
