@@ -32,10 +32,6 @@ comparison.
 
 import contextlib
 import itertools
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -44,6 +40,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from megatron.core.fusions import fused_mla_yarn_rope_apply as fused_rope
+from tests.unit_tests.triton_interpreter import INTERPRETING, assert_interpreter_suite_passes
 
 BLOCK_HS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEAD_NUMS = (1, 3, 16, 20, 24)
@@ -56,7 +53,6 @@ SENTINEL = -4321.0
 SBHD_SEQ, SBHD_BATCH = 2, 2
 THD_CU_SEQLENS = (0, 1, 3)  # two packed sequences, lengths 1 and 2
 TOL = dict(rtol=1e-5, atol=1e-5)
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 ALL_SHAPES = list(itertools.product(LAYOUTS, HEAD_NUMS, K_DIMS, V_DIMS))
 
@@ -273,23 +269,7 @@ def _check_wrappers(module, device, layout, heads, k_dim, v_dim):
 @pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
 def test_interpreter_suite_in_subprocess():
     """Run TestMLAYarnRopeKernelsInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""
-    repo_root = Path(__file__).resolve().parents[3]
-    target = f"{Path(__file__).resolve()}::TestMLAYarnRopeKernelsInterpreter"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider"],
-        cwd=repo_root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    report = child.stdout[-6000:] + child.stderr[-2000:]
-    assert child.returncode == 0, f"interpreter tests failed (rc={child.returncode}):\n{report}"
-    summary = [line for line in child.stdout.splitlines() if line.strip()][-1]
-    # Every case ran: none skipped or deselected (conftest deselects the class without the interpreter).
-    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, report
-    assert "failed" not in summary, report
+    assert_interpreter_suite_passes(__file__, "TestMLAYarnRopeKernelsInterpreter")
 
 
 @contextlib.contextmanager

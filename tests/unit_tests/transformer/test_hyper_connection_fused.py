@@ -13,10 +13,6 @@ same checks in fp32 and bf16 at a real hidden size, the module path against the 
 a bf16 GPT step with the fused default against the native path.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +23,8 @@ from megatron.core.transformer import hyper_connection as native
 from megatron.core.transformer import hyper_connection_fused as fused
 from megatron.core.transformer.hyper_connection import HyperConnection, HyperConnectionHead
 from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.triton_interpreter import INTERPRETING, assert_interpreter_suite_passes
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 EPS = 1e-5
 ITERS = 6
 
@@ -274,22 +270,10 @@ class TestFusedConfigAndDispatch:
 )
 def test_interpreter_suite_in_subprocess():
     """Run TestFusedKernelsInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""
-    repo_root = Path(__file__).resolve().parents[3]
-    target = f"{Path(__file__).resolve()}::TestFusedKernelsInterpreter"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-W", "ignore"],
-        cwd=repo_root, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    report = child.stdout[-6000:] + child.stderr[-2000:]
-    assert child.returncode == 0, f"interpreter tests failed (rc={child.returncode}):\n{report}"
-    summary = [line for line in child.stdout.splitlines() if line.strip()][-1]
-    assert " passed" in summary and "skipped" not in summary and "failed" not in summary, report
+    assert_interpreter_suite_passes(__file__, "TestFusedKernelsInterpreter", timeout=900)
 
 
-@pytest.mark.skipif(
-    not INTERPRETING, reason="needs TRITON_INTERPRET=1 from process start; run by the subprocess test"
-)
+@pytest.mark.triton_interpreter_child
 class TestFusedKernelsInterpreter:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)

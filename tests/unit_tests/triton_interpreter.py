@@ -1,0 +1,33 @@
+"""Run a test class of Triton kernels under Triton's CPU interpreter, in a fresh process.
+
+``TRITON_INTERPRET=1`` only takes effect if it is set before triton decorates the kernels, i.e.
+before the kernel modules are imported, so interpreter cases cannot share the test session's
+process. Mark such a class ``@pytest.mark.triton_interpreter_child`` (tests/conftest.py deselects
+it in any process without the interpreter) and have one parent test call
+:func:`assert_interpreter_suite_passes` on it.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def assert_interpreter_suite_passes(test_file: str, class_name: str, timeout: int = 1800) -> None:
+    """Run ``test_file::class_name`` with ``TRITON_INTERPRET=1`` and no GPU; fail on anything but
+    every case passing (a skipped or deselected case means the interpreter run proved nothing)."""
+    target = f"{Path(test_file).resolve()}::{class_name}"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-W", "ignore"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    report = child.stdout[-6000:] + child.stderr[-2000:]
+    assert child.returncode == 0, f"interpreter tests failed (rc={child.returncode}):\n{report}"
+    summary = [line for line in child.stdout.splitlines() if line.strip()][-1]
+    assert " passed" in summary, report
+    for word in ("skipped", "deselected", "failed"):
+        assert word not in summary, report
