@@ -73,6 +73,32 @@ class TestParamStateListMerge:
             {'step': 2, 'a': 'p1'},
         ]
 
+    def test_both_sides_flagged_the_run_flag_wins(self):
+        # As loaded: the run's entries always carry its (nonpersistent) padding flags.
+        ckpt = bucket_tree(
+            [{'padding': True}, {'padding': False, 'step': 1}, {'padding': False, 'step': 2}]
+        )
+        run = bucket_tree([{'padding': False, 'a': 'p0'}, {'padding': False, 'a': 'p1'}])
+        merged = bucket_of(merge(ckpt, run))
+        assert merged == [
+            {'padding': False, 'step': 1, 'a': 'p0'},
+            {'padding': False, 'step': 2, 'a': 'p1'},
+        ]
+
+    def test_equal_lengths_with_padding_elsewhere_are_matched_by_identity(self):
+        ckpt = bucket_tree(
+            [{'padding': True}, {'padding': False, 'step': 1}, {'padding': False, 'step': 2}]
+        )
+        run = bucket_tree(
+            [{'padding': False, 'a': 'p0'}, {'padding': False, 'a': 'p1'}, {'padding': True}]
+        )
+        merged = bucket_of(merge(ckpt, run))
+        assert merged == [
+            {'padding': False, 'step': 1, 'a': 'p0'},
+            {'padding': False, 'step': 2, 'a': 'p1'},
+            {'padding': True},
+        ]
+
     def test_a_missing_parameter_is_not_hidden_by_padding(self):
         # Paired by position, p0 would land on the run's second parameter and the error vanish.
         ckpt = bucket_tree([{'padding': True}, {'step': 'p0'}, {'padding': True}])
