@@ -19,7 +19,7 @@ def _cmd_apply(args, lay):
 def _cmd_export(args, lay):
     from tools.rebase.workrepo import export
 
-    export(lay)
+    export(lay, replace_patches=args.replace_patches)
     return 0
 
 
@@ -60,6 +60,9 @@ def build_parser():
     p.add_argument("--force", action="store_true", help="discard unexported work-repo edits and local edits in megatron/")
     p.set_defaults(func=_cmd_apply)
     p = add_command(sub, "export", help="regenerate patches/ from the work repo's commits")
+    p.add_argument("--replace-patches", action="store_true",
+                   help="overwrite patch files changed since the last apply/export (after rebuilding "
+                        ".rebase/work from them by hand)")
     p.set_defaults(func=_cmd_export)
     p = add_command(sub, "check", help="verify pin, series, strict apply, export equality and Tests: trailers")
     p.set_defaults(func=_cmd_check)

@@ -116,10 +116,15 @@ def _apply(layout, force: bool, log) -> str:
     return tip
 
 
-def export(layout, log=print) -> bool:
-    """Regenerate patches/ from base..HEAD of the work repo; return True if files changed."""
+def export(layout, log=print, replace_patches: bool = False) -> bool:
+    """Regenerate patches/ from base..HEAD of the work repo; return True if files changed.
+
+    ``replace_patches`` lets the export overwrite patch files that changed since the last apply
+    or export: for a maintainer who rebuilt the work repo from them by hand (``git am -3`` and a
+    resolution, when patch files merged from two branches no longer apply).
+    """
     with locked(layout, "export"):
-        return _export(layout, log)
+        return _export(layout, log, replace_patches)
 
 
 def refuse_changed_patches(layout, state: dict) -> None:
@@ -130,17 +135,19 @@ def refuse_changed_patches(layout, state: dict) -> None:
             f"{layout.patches} changed since the last apply or export (added, edited or removed by "
             f"hand): {', '.join(changed)}. Export would overwrite them; nothing was written. Run "
             f"`python -m tools.rebase apply` to build the work repo from them, or restore or move "
-            f"them away first."
+            f"them away first (or, after rebuilding the work repo from them by hand, export "
+            f"--replace-patches)."
         )
 
 
-def _export(layout, log) -> bool:
+def _export(layout, log, replace_patches=False) -> bool:
     refuse_during_bump(layout, "export")
     pin = load_pin(layout.pin)
     work = layout.work
     if not (work / ".git").exists():
         raise RebaseError(f"{work} does not exist: run `python -m tools.rebase apply` first")
-    refuse_changed_patches(layout, read_state(layout))
+    if not replace_patches:
+        refuse_changed_patches(layout, read_state(layout))
     if not is_clean(work):
         raise RebaseError(
             f"{work} has uncommitted changes; commit them (one commit per patch) before exporting. "

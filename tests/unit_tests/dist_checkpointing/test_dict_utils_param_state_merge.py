@@ -1,9 +1,10 @@
 """`dict_utils.merge` on optimizer parameter-state lists of different lengths.
 
 A dp_reshardable checkpoint written with another DP size (or by an older version) can store a
-per-bucket list with more or fewer padding entries than the loading run builds. Such a mismatch
-is accepted only when every surplus entry is padding that carries no data, in either direction;
-anything else must still fail and name the offending element.
+per-bucket list with more or fewer padding entries than the loading run builds, at the front,
+between parameters or at the end. Such lists are merged by identity (the k-th parameter entry with
+the k-th parameter entry), only when every padding entry carries no data; anything else must
+still fail and name the offending element.
 """
 
 import pytest
@@ -52,6 +53,63 @@ class TestParamStateListMerge:
         merged = bucket_of(merge(ckpt, bucket_tree([{'b': 2}])))
         assert merged == [{'a': 1, 'b': 2}]
 
+    def test_checkpoint_padding_at_front_and_between_params_is_skipped(self):
+        pad = {'padding': True}
+        ckpt = bucket_tree([pad, {'step': 1}, dict(pad), {'step': 2}, dict(pad)])
+        run = bucket_tree([{'exp_avg': torch.ones(2)}, {'exp_avg': torch.zeros(3)}])
+        merged = bucket_of(merge(ckpt, run))
+        assert [m['step'] for m in merged] == [1, 2]
+        assert torch.equal(merged[0]['exp_avg'], torch.ones(2))
+        assert torch.equal(merged[1]['exp_avg'], torch.zeros(3))
+
+    def test_run_padding_between_params_keeps_the_run_layout(self):
+        ckpt = bucket_tree([{'step': 1}, {'step': 2}])
+        run = bucket_tree([{'padding': True}, {'a': 'p0'}, {'padding': True}, {'a': 'p1'}])
+        merged = bucket_of(merge(ckpt, run))
+        assert merged == [
+            {'padding': True},
+            {'step': 1, 'a': 'p0'},
+            {'padding': True},
+            {'step': 2, 'a': 'p1'},
+        ]
+
+    def test_both_sides_flagged_the_run_flag_wins(self):
+        # As loaded: the run's entries always carry its (nonpersistent) padding flags.
+        ckpt = bucket_tree(
+            [{'padding': True}, {'padding': False, 'step': 1}, {'padding': False, 'step': 2}]
+        )
+        run = bucket_tree([{'padding': False, 'a': 'p0'}, {'padding': False, 'a': 'p1'}])
+        merged = bucket_of(merge(ckpt, run))
+        assert merged == [
+            {'padding': False, 'step': 1, 'a': 'p0'},
+            {'padding': False, 'step': 2, 'a': 'p1'},
+        ]
+
+    def test_equal_lengths_with_padding_elsewhere_are_matched_by_identity(self):
+        ckpt = bucket_tree(
+            [{'padding': True}, {'padding': False, 'step': 1}, {'padding': False, 'step': 2}]
+        )
+        run = bucket_tree(
+            [{'padding': False, 'a': 'p0'}, {'padding': False, 'a': 'p1'}, {'padding': True}]
+        )
+        merged = bucket_of(merge(ckpt, run))
+        assert merged == [
+            {'padding': False, 'step': 1, 'a': 'p0'},
+            {'padding': False, 'step': 2, 'a': 'p1'},
+            {'padding': True},
+        ]
+
+    def test_a_missing_parameter_is_not_hidden_by_padding(self):
+        # Paired by position, p0 would land on the run's second parameter and the error vanish.
+        ckpt = bucket_tree([{'padding': True}, {'step': 'p0'}, {'padding': True}])
+        run = bucket_tree([{'a': 'q0'}, {'a': 'q1'}])
+        with pytest.raises(ValueError) as err:
+            merge(ckpt, run)
+        msg = str(err.value)
+        assert '1 parameter entries, the second 2' in msg
+        assert f"element {BUCKET + (1,)} of the second list has no counterpart" in msg
+        assert len(bucket_of(ckpt)) == 3 and bucket_of(ckpt)[1] == {'step': 'p0'}
+
     def test_equal_lengths_unchanged(self):
         x1, x2 = bucket_tree([{'a': 1}, {'c': 3}]), bucket_tree([{'b': 2}, {'d': 4}])
         merged = bucket_of(merge(x1, x2))
@@ -82,7 +140,7 @@ class TestParamStateListMerge:
         ],
     )
     def test_surplus_that_is_not_empty_padding_is_rejected(self, surplus):
-        path = r"surplus element .*'param_state', 0, torch.float32, 0, 1\)"
+        path = r"element .*'param_state', 0, torch.float32, 0, 1\)"
         with pytest.raises(ValueError, match=path):
             merge(bucket_tree([{'a': 1}, surplus]), bucket_tree([{'b': 2}]))
 

@@ -52,12 +52,24 @@ class StandInTELinear(torch.nn.Module):
             self.register_parameter("bias", None)
 
 
+class StandInTELayerNormLinear(StandInTELinear):
+    """te.pytorch.LayerNormLinear as TELayerNormColumnParallelLinear sees it: a norm fused in
+    front of a column-sharded linear, with TE's parameter names for the norm."""
+
+    def __init__(self, in_features, out_features, **kwargs):
+        super().__init__(in_features, out_features, **kwargs)
+        dtype = kwargs.get("params_dtype", torch.float32)
+        self.layer_norm_weight = torch.nn.Parameter(torch.ones(in_features, dtype=dtype))
+        self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, dtype=dtype))
+
+
 @pytest.fixture
 def te_ext(monkeypatch):
     """The real transformer_engine extension module, built on a fake TE package."""
     fake_te = MagicMock(name="transformer_engine")
     fake_te.__version__ = "0.0.0"
     fake_te.pytorch.Linear = StandInTELinear
+    fake_te.pytorch.LayerNormLinear = StandInTELayerNormLinear
     monkeypatch.setitem(sys.modules, "transformer_engine", fake_te)
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", fake_te.pytorch)
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.fp8", fake_te.pytorch.fp8)
@@ -70,6 +82,7 @@ def te_ext(monkeypatch):
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     assert module.HAVE_TE and issubclass(module.TELinear, StandInTELinear)
+    assert issubclass(module.TELayerNormColumnParallelLinear, StandInTELayerNormLinear)
     return module
 
 
@@ -136,6 +149,31 @@ class TestTELinearParallelModeTagsStandIn:
         # The expert branch still sets its usual attributes alongside the tag.
         assert layer.weight.tensor_model_parallel is True
 
+    @pytest.mark.parametrize("cpu_init", [True, False])
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_layernorm_column_parallel_linear(self, te_ext, cpu_init, bias):
+        """QKV and fc1 of the TE spec: the linear part is column-sharded, the fused norm is
+        the same on every tensor-parallel rank."""
+        config = tiny_config(use_cpu_initialization=cpu_init)
+        layer = te_ext.TELayerNormColumnParallelLinear(
+            32,
+            48,
+            config=config,
+            init_method=torch.nn.init.normal_,
+            gather_output=False,
+            bias=bias,
+            skip_bias_add=False,
+            is_expert=False,
+        )
+        expected = {
+            "weight": "column",
+            "layer_norm_weight": "duplicated",
+            "layer_norm_bias": "duplicated",
+        }
+        if bias:
+            expected["bias"] = "column"
+        assert tags(layer) == expected
+
     def test_expert_helper_tags_numbered_grouped_parameters(self, te_ext):
         module = torch.nn.Module()
         for i in range(2):
@@ -165,6 +203,23 @@ class TestTELinearParallelModeTagsRealTE:
                     layer = build(te_ext, kind, config, is_expert=is_expert)
                     found = tags(layer)
                     assert found and set(found.values()) == {kind}, (kind, is_expert, found)
+            layer = te_ext.TELayerNormColumnParallelLinear(
+                32,
+                48,
+                config=config,
+                init_method=torch.nn.init.normal_,
+                gather_output=False,
+                bias=True,
+                skip_bias_add=False,
+                is_expert=False,
+            )
+            found = tags(layer)
+            assert found == {
+                "weight": "column",
+                "bias": "column",
+                "layer_norm_weight": "duplicated",
+                "layer_norm_bias": "duplicated",
+            }, found
             for cls, kind in (
                 (te_ext.TEColumnParallelGroupedLinear, "column"),
                 (te_ext.TERowParallelGroupedLinear, "row"),

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from megatron.core import tensor_parallel
-from megatron.core.tensor_parallel import checkpoint_reclaim
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
     causal_batch,
@@ -100,12 +99,10 @@ class TestCheckpointReclaim:
         for a, b in zip(w, w_ref):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
-    def test_guards_views_non_grad_shared_and_distributed(self):
+    def test_guards_views_non_grad_and_distributed(self):
         w = torch.randn(8, 8, requires_grad=True)
         base = torch.randn(4, 8, requires_grad=True) * 1.0
         view = base[:2]
-        shared = torch.randn(4, 8, requires_grad=True) * 1.0
-        checkpoint_reclaim.register_shared_storage(shared)
         distributed = torch.randn(4, 8, requires_grad=True) * 1.0
         owned = torch.randn(4, 8, requires_grad=True) * 1.0
         frozen = torch.randn(4, 8)
@@ -115,13 +112,11 @@ class TestCheckpointReclaim:
 
         outs = [
             tensor_parallel.checkpoint(_stage(w), False, view, reclaim_inputs=(0,)),
-            tensor_parallel.checkpoint(_stage(w), False, shared, reclaim_inputs=(0,)),
             tensor_parallel.checkpoint(_stage(w), True, distributed, reclaim_inputs=(0,)),
             tensor_parallel.checkpoint(two, False, owned, frozen, reclaim_inputs=(0, 1)),
         ]
         sum(o.sum() for o in outs).backward()
         assert base.untyped_storage().nbytes() > 0
-        assert shared.untyped_storage().nbytes() > 0
         assert distributed.untyped_storage().nbytes() > 0
         assert frozen.untyped_storage().nbytes() > 0
         assert owned.untyped_storage().nbytes() == 0

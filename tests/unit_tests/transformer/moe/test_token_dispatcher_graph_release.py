@@ -1,0 +1,129 @@
+"""The MoE token dispatcher must not keep a forward's autograd graph alive after backward.
+
+The allgather dispatcher cached its routing probabilities (``local_probs``, a tensor of the
+autograd graph) on the dispatcher until the next forward. Under full activation recompute the
+recomputed graph's leaves are the checkpoint's detached inputs, which share the storage of the
+checkpoint's input, so every layer pinned its checkpoint input (and the graph) for a whole
+iteration. These tests look at the CPU allocator itself (profiler memory events) over several
+iterations and never hold a reference to the tensors they watch.
+"""
+
+import gc
+import json
+import os
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
+    build_gpt,
+    causal_batch,
+    tiny_moe_mtp_config,
+)
+from tests.unit_tests.test_utilities import Utils
+
+FULL_RECOMPUTE = dict(
+    recompute_granularity="full",
+    recompute_method="uniform",
+    recompute_num_layers=1,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+ITERATIONS = 3
+
+
+def _allocator_events(trace_path):
+    """(timestamp, kind, payload) for allocator events and our marks, in time order."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    out = []
+    for e in events:
+        name = e.get("name", "")
+        if name == "[memory]":
+            out.append((e["ts"], "mem", (e["args"]["Addr"], e["args"]["Bytes"])))
+        elif name.startswith(("ckpt_input:", "iteration_end:")):
+            out.append((e["ts"], "mark", name))
+    return sorted(out, key=lambda item: item[0])
+
+
+def _unreleased_checkpoint_inputs(model, iterations):
+    """Run ``iterations`` training steps under the profiler and return, per iteration, the
+    layers whose checkpoint input storage was still allocated when the step had finished."""
+    for i, layer in enumerate(model.decoder.layers):
+
+        def hook(mod, args, kwargs, i=i):
+            # The checkpoint's own (no-grad) forward sees the checkpoint input; keep only its
+            # address, in a mark, so that the test holds no reference to it.
+            if not torch.is_grad_enabled():
+                ptr = kwargs["hidden_states"].untyped_storage().data_ptr()
+                with record_function(f"ckpt_input:{i}:{ptr}"):
+                    pass
+
+        layer.register_forward_pre_hook(hook, with_kwargs=True)
+    tokens, position_ids, mask = causal_batch()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for it in range(iterations):
+                model.zero_grad(set_to_none=True)
+                model(tokens, position_ids, mask, labels=tokens).mean().backward()
+                gc.collect()
+                with record_function(f"iteration_end:{it}"):
+                    pass
+        prof.export_chrome_trace(trace)
+        events = _allocator_events(trace)
+
+    live = {}  # address -> index of its current allocation event
+    watched = []  # (layer, address, allocation event index) per iteration
+    result = []
+    for idx, (_, kind, payload) in enumerate(events):
+        if kind == "mem":
+            addr, nbytes = payload
+            if nbytes > 0:
+                live[addr] = idx
+            else:
+                live.pop(addr, None)
+        elif payload.startswith("ckpt_input:"):
+            _, layer, addr = payload.split(":")
+            assert int(addr) in live, "the checkpoint input was not allocated while profiling"
+            watched.append((int(layer), int(addr), live[int(addr)]))
+        else:
+            result.append(sorted(layer for layer, addr, at in watched if live.get(addr) == at))
+            watched = []
+    assert len(result) == iterations
+    return result
+
+
+class TestDispatcherReleasesGraph:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_checkpoint_inputs_are_freed_by_the_end_of_each_step(self):
+        torch.manual_seed(0)
+        model = build_gpt(tiny_moe_mtp_config(num_layers=3, **FULL_RECOMPUTE))
+        unreleased = _unreleased_checkpoint_inputs(model, ITERATIONS)
+        assert unreleased == [[]] * ITERATIONS, (
+            f"checkpoint inputs still allocated after each step, per iteration: {unreleased}"
+        )
+
+    def test_dispatcher_holds_no_graph_after_backward(self):
+        torch.manual_seed(0)
+        model = build_gpt(tiny_moe_mtp_config(**FULL_RECOMPUTE))
+        tokens, position_ids, mask = causal_batch()
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+        dispatchers = {
+            name: mod.token_dispatcher
+            for name, mod in model.named_modules()
+            if hasattr(mod, "token_dispatcher")
+        }
+        assert dispatchers
+        for name, dispatcher in dispatchers.items():
+            for attr, value in vars(dispatcher).items():
+                if isinstance(value, torch.Tensor):
+                    assert value.grad_fn is None and not value.requires_grad, (
+                        f"{name}.token_dispatcher.{attr} keeps the autograd graph alive"
+                    )
