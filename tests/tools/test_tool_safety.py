@@ -83,6 +83,21 @@ def test_export_refuses_hand_edited_patch_file_and_keeps_the_edit(tmp_path, cach
     assert target.read_text() == edited
 
 
+def test_export_replace_patches_writes_the_hand_rebuilt_work_repo(tmp_path, cache):
+    # Patch files merged from two branches may not apply; the maintainer rebuilds the work repo by
+    # hand from them and then has to be able to export over the merged files on purpose.
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    target = fork.layout.patches / "0002-tweak-beta.patch"
+    exported = target.read_text()
+    target.write_text(exported.replace("Why it exists.", "A merge of two branches' versions."))
+    with pytest.raises(RebaseError, match=r"--replace-patches"):
+        export(fork.layout, log=quiet)
+    assert export(fork.layout, log=quiet, replace_patches=True) is True
+    assert target.read_text() == exported
+    assert export(fork.layout, log=quiet) is False   # the guard is armed again
+
+
 # ---------------------------------------------------------------- item 4: bump and megatron/ edits
 
 def test_bump_refuses_hand_edits_in_megatron_before_starting(tmp_path, cache):
