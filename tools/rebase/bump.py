@@ -25,11 +25,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.rebase import conflicts
 from tools.rebase import journal as jr
 from tools.rebase import resolutions as rr
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
+from tools.rebase.lint import lint_change
 from tools.rebase.materialize import materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
@@ -45,6 +47,12 @@ class Stopped(RebaseError):
 
 def _no_hook(point, **info):
     pass
+
+
+def _resolve_hint(work):
+    return [f"Resolve in {work} (edit the files, then `git -C {work} add <files>`; do not commit),",
+            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
+            "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo."]
 
 
 # ---------------------------------------------------------------- tests
@@ -472,7 +480,13 @@ class Bump:
             elif proc.returncode != 0:
                 _reset_to(work, j["tip"])
                 raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
-            self._adopt(_head(work), end=idx if idx is not None else len(j["commits"]))
+            head, end = _head(work), idx if idx is not None else len(j["commits"])
+            broken = self._lint_replayed(head, end)
+            if broken:  # a clean merge that broke a Python file stops like a conflict
+                k, bad, parent, findings = broken
+                self._adopt(parent, end=k)
+                self._stop_lint(k, bad, parent, findings)
+            self._adopt(head, end=end)
             if idx is None:
                 break
             commit = j["commits"][idx]
@@ -482,6 +496,9 @@ class Bump:
                 # (or the result is empty: already in the new base).
                 if _staged_changes(work):
                     new = _commit_pick(work, commit, j["dates"][idx])
+                    findings = self._lint(idx, j["tip"], new)
+                    if findings:
+                        self._stop_lint(idx, new, j["tip"], findings)
                     self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
                     self.log(f"  {j['names'][idx]}: conflict resolved by a recorded resolution")
                 else:
@@ -501,8 +518,10 @@ class Bump:
                 continue
             rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
             j["phase"] = "stopped"
-            j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids,
-                            "upstream": self._upstream_touching(unmerged)}
+            touching = self._upstream_touching(unmerged)
+            j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids, "upstream": touching,
+                            "kind": "conflict",
+                            "analysis": self._analyse_conflict(idx, proc.stdout + proc.stderr, touching)}
             self._save()
             raise Stopped(self._conflict_summary())
         if j["phase"] == "replaying":
@@ -525,11 +544,69 @@ class Bump:
         return [{"file": parts[2], "added": parts[0], "removed": parts[1]}
                 for parts in (line.split("\t", 2) for line in out.splitlines())]
 
+    # -- post-merge lint and conflict causes (tools/rebase/lint.py, conflicts.py)
+    def _lint(self, idx, parent, commit):
+        return lint_change(self.work, parent, commit, baselines=(self.j["new_base"], self.j["commits"][idx]))
+
+    def _lint_replayed(self, head, end):
+        """First patch of ``tip..head`` whose merge broke a Python file: (index, commit, parent,
+        findings), or None."""
+        j, parent = self.j, self.j["tip"]
+        k = j["next"]
+        for sha, name, _ in (_describe(self.work, parent, head) if head != parent else []):
+            while k < end and j["names"][k] != name:
+                k += 1
+            if k == end:
+                return None  # not one of ours: _adopt reports it
+            findings = self._lint(k, parent, sha)
+            if findings:
+                return k, sha, parent, findings
+            parent, k = sha, k + 1
+        return None
+
+    def _stop_lint(self, idx, bad, parent, findings):
+        """Stop at patch ``idx`` with its merged result staged on ``parent`` for the maintainer."""
+        _reset_to(self.work, bad)
+        git("reset", "-q", "--soft", parent, cwd=self.work)
+        files = sorted({f.path for f in findings})
+        self.j["phase"] = "stopped"
+        self.j["stopped"] = {"index": idx, "files": files, "rerere_ids": [], "kind": "lint",
+                             "findings": [f.to_json() for f in findings],
+                             "upstream": self._upstream_touching(files)}
+        self._save()
+        raise Stopped(self._conflict_summary())
+
+    def _analyse_conflict(self, idx, output, touching):
+        j = self.j
+        old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
+        both_git = old_pin.kind == new_pin.kind == "git"
+        return conflicts.analyse(
+            self.work, output, upstream_range=(old_pin.commit, new_pin.commit) if both_git else None,
+            candidates=touching if both_git else [], new_base=j["new_base"], tip=j["tip"],
+            old_chain=(j["old_base"], j["commits"][idx - 1] if idx else j["old_base"]))
+
     def _conflict_summary(self) -> str:
         j = self.j
         s = j["stopped"]
         idx = s["index"]
         new_pin = _pin_from_toml(j["new_pin"])
+        if s.get("kind") == "lint":
+            return "\n".join([
+                f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} merged without a conflict, but the "
+                f"result breaks Python files (post-merge lint):",
+                *[f"  {f['message']}" for f in s["findings"]],
+                f"The merged result is staged in {self.work}: fix the files, `git -C {self.work} add` them "
+                f"(do not commit), then run `python -m tools.rebase bump --continue`; `bump --continue "
+                f"--drop` removes this patch on purpose; `bump --abort` restores everything."])
+        if s.get("analysis"):
+            stack = {sha: f"{n}" for sha, n, _ in _describe(self.work, j["new_base"], j["tip"])} \
+                if j["tip"] != j["new_base"] else {}
+            dropped = {o["old"]: o["name"] for o in j["outcomes"] if o["outcome"] == "dropped"}
+            return "\n".join([
+                f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
+                f"conflicts with {_base_label(new_pin)} in:",
+                *conflicts.summary_lines(s["analysis"], stack, dropped),
+                *_resolve_hint(self.work)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
             f"conflicts with {_base_label(new_pin)} in:",
@@ -567,6 +644,7 @@ class Bump:
                 # The maintainer committed the resolution: keep its tree (and its message when it
                 # still names the patch), with the original author and a reproducible commit id.
                 keep = _patch_name(work, head) == name
+                self._lint_gate(idx, j["tip"], head, undo=False)
                 new = _recommit(work, head, j["tip"], j["commits"][idx], keep_message=keep)
                 rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
@@ -587,12 +665,23 @@ class Bump:
         self.hook("after-record", index=idx)
         if _staged_changes(work):
             new = _commit_pick(work, j["commits"][idx], j["dates"][idx])
+            self._lint_gate(idx, j["tip"], new, undo=True)
             rr.export_resolutions(work, self.layout.resolutions, name, s["rerere_ids"])
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
             _reset_to(work, j["tip"])
             up, how = self._name_absorber(idx, "empty after conflict resolution")
             self._record(idx, "absorbed", upstream=up, how=how)
+
+    def _lint_gate(self, idx, parent, commit, undo):
+        """Refuse a resolution that breaks a Python file (``undo``: un-commit it, keep it staged)."""
+        findings = self._lint(idx, parent, commit)
+        if findings:
+            if undo:
+                git("reset", "-q", "--soft", parent, cwd=self.work)
+            raise Stopped(f"{self.j['names'][idx]}: the resolution breaks Python files (post-merge lint):\n"
+                          + "\n".join(f"  {f}" for f in findings)
+                          + "\nfix them and `git add` (do not commit), then `bump --continue` again")
 
     # -- tests and finish
     def _test_resolved(self):
