@@ -579,10 +579,15 @@ class Bump:
     def _analyse_conflict(self, idx, output, touching):
         j = self.j
         old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
-        both_git = old_pin.kind == new_pin.kind == "git"
+        upstream_range = None
+        if new_pin.kind == "git":  # from an sdist: upstream history since the sdist's date
+            since = git("show", "-s", "--format=%ct", j["old_base"], cwd=self.work).strip()
+            upstream_range = (old_pin.commit if old_pin.kind == "git" else f"--since=@{since}", new_pin.commit)
+        if upstream_range and old_pin.kind != "git":
+            touching = conflicts.commits_touching(self.work, upstream_range, sorted(conflicts.unmerged_stages(self.work)))
         return conflicts.analyse(
-            self.work, output, upstream_range=(old_pin.commit, new_pin.commit) if both_git else None,
-            candidates=touching if both_git else [], new_base=j["new_base"], tip=j["tip"],
+            self.work, output, upstream_range=upstream_range,
+            candidates=touching if upstream_range else [], new_base=j["new_base"], tip=j["tip"],
             old_chain=(j["old_base"], j["commits"][idx - 1] if idx else j["old_base"]))
 
     def _conflict_summary(self) -> str:

@@ -128,6 +128,20 @@ def _merge_ranges(ranges: list, limit: int) -> list:
     return [(lo, hi - lo + 1) for lo, hi in merged]
 
 
+def history_args(upstream_range) -> list:
+    """rev-list arguments for the upstream commits between the bases."""
+    old, new = upstream_range
+    return [old, new] if old.startswith("--since=") else [f"{old}..{new}"]
+
+
+def commits_touching(work, upstream_range, files: list) -> list:
+    """``[{"commit", "subject"}]`` of upstream commits between the bases touching ``files``."""
+    if not files:
+        return []
+    out = git("log", "--no-merges", "--format=%H %s", *history_args(upstream_range), "--", *files, cwd=work)
+    return [{"commit": line[:40], "subject": line[41:]} for line in out.splitlines()]
+
+
 def _blob_id(work, spec: str) -> str:
     proc = git_proc("rev-parse", "--verify", "--quiet", spec, cwd=work)
     return proc.stdout.strip() if proc.returncode == 0 else ""
@@ -163,7 +177,8 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
             old_chain=None) -> dict:
     """Explain the conflict in progress in ``work``.
 
-    ``upstream_range``: (old, new) upstream commits whose history is in ``work``; ``candidates``:
+    ``upstream_range``: (old, new) upstream commits whose history is in ``work``; old may be
+    ``--since=<date>`` when the old base is an sdist (no commit to start from); ``candidates``:
     ``[{"commit", "subject"}]`` upstream commits of that range touching the files (oldest first);
     ``new_base``/``tip``: the replayed chain so far (its commits are stack patches); ``old_chain``:
     (old base, the patch's old parent) to find stack patches that brought the base-side lines.
@@ -190,7 +205,7 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
             mapped = _map_lines(work, up_blob, st[2], ranges)
             up_lines = [n for n in mapped if n]
             up_ranges = _merge_ranges([(n, 1) for n in up_lines], 10 ** 9)
-            got = iter(_blame(work, [f"{upstream_range[0]}..{upstream_range[1]}", "--", path], up_ranges))
+            got = iter(_blame(work, [*history_args(upstream_range), "--", path], up_ranges))
             blamed = [next(got, "") if n else "0" * 40 for n in mapped]
         mine = {}
         for sha in blamed:

@@ -161,7 +161,22 @@ def _git_cache(cache: Path, url: str) -> Path:
     return repo
 
 
+# Canonical URL -> local git repository holding its objects (``bump --mirror PATH``): objects are
+# fetched from the mirror, while pins, reports and cache keys keep the canonical URL.
+MIRRORS = {}
+
+
+def use_mirror(url: str, path) -> None:
+    """Fetch ``url``'s objects from the local repository ``path`` in this process."""
+    local = Path(path).expanduser()
+    if not local.is_dir() or git_proc("rev-parse", "--git-dir", cwd=local).returncode != 0:
+        raise RebaseError(f"--mirror {path}: not a git repository")
+    MIRRORS[url] = str(local.resolve())
+
+
 def _local_url(url: str) -> str:
+    if url in MIRRORS:
+        return MIRRORS[url]
     path = Path(url).expanduser()
     return str(path.resolve()) if path.exists() else url
 
