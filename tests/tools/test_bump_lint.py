@@ -14,6 +14,7 @@ FILES = {
     "megatron/core/package_info.py": "MAJOR = 0\nMINOR = 42\nPATCH = 1\n__version__ = '0.42.1'\n",
     "megatron/core/__init__.py": "",
     CFG: "from dataclasses import dataclass\n\n\n@dataclass\nclass Config:\n" + FIELDS,
+    "megatron/core/notes.txt": "note 1\nnote 2\nnote 3\n",
 }
 
 
@@ -74,3 +75,17 @@ def test_duplicates_already_in_upstream_do_not_stop(fork):
                          "upstream: its own duplicate", tag="v2")
     data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
     assert data["mapping"][0]["status"] in ("refreshed", "identical")
+
+
+def test_conflict_stop_also_lints_the_files_that_merged_cleanly(fork):
+    fork.stack([("both", {CFG: replace_line("    field_2: int = 2\n", "    field_2: int = 2\n    dup: int = 1\n"),
+                          "megatron/core/notes.txt": replace_line("note 2\n", "note 2 fork\n")})])
+    fork.upstream_commit({CFG: replace_line("    field_27: int = 27\n", "    field_27: int = 27\n    dup: int = 1\n"),
+                          "megatron/core/notes.txt": replace_line("note 2\n", "note 2 upstream\n")},
+                         "upstream: both", tag="v2")
+    with pytest.raises(Stopped) as stop:
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    text = str(stop.value)
+    assert "megatron/core/notes.txt (content conflict)" in text
+    assert "files that merged cleanly but break the post-merge lint:" in text
+    assert "'dup' is defined twice in class Config" in text

@@ -25,13 +25,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.rebase import conflicts
+from tools.rebase import conflicts, dependents
 from tools.rebase import journal as jr
 from tools.rebase import resolutions as rr
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
-from tools.rebase.lint import lint_change
+from tools.rebase.lint import lint_change, lint_worktree
 from tools.rebase.materialize import materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
@@ -522,6 +522,10 @@ class Bump:
             j["stopped"] = {"index": idx, "files": unmerged, "rerere_ids": ids, "upstream": touching,
                             "kind": "conflict",
                             "analysis": self._analyse_conflict(idx, proc.stdout + proc.stderr, touching)}
+            merged = sorted(set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
+            findings = lint_worktree(work, merged, baselines=(j["new_base"], commit))
+            if findings:  # files that merged cleanly next to the conflict can be broken too
+                j["stopped"]["findings"] = [f.to_json() for f in findings]
             self._save()
             raise Stopped(self._conflict_summary())
         if j["phase"] == "replaying":
@@ -579,15 +583,12 @@ class Bump:
     def _analyse_conflict(self, idx, output, touching):
         j = self.j
         old_pin, new_pin = _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"])
-        upstream_range = None
-        if new_pin.kind == "git":  # from an sdist: upstream history since the sdist's date
-            since = git("show", "-s", "--format=%ct", j["old_base"], cwd=self.work).strip()
-            upstream_range = (old_pin.commit if old_pin.kind == "git" else f"--since=@{since}", new_pin.commit)
-        if upstream_range and old_pin.kind != "git":
-            touching = conflicts.commits_touching(self.work, upstream_range, sorted(conflicts.unmerged_stages(self.work)))
+        # From an sdist (no history) each file starts at its closest upstream version.
+        upstream_range = (old_pin.commit if old_pin.kind == "git" else None, new_pin.commit) \
+            if new_pin.kind == "git" else None
         return conflicts.analyse(
             self.work, output, upstream_range=upstream_range,
-            candidates=touching if upstream_range else [], new_base=j["new_base"], tip=j["tip"],
+            candidates=touching if old_pin.kind == new_pin.kind == "git" else [], new_base=j["new_base"], tip=j["tip"],
             old_chain=(j["old_base"], j["commits"][idx - 1] if idx else j["old_base"]))
 
     def _conflict_summary(self) -> str:
@@ -611,6 +612,8 @@ class Bump:
                 f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
                 f"conflicts with {_base_label(new_pin)} in:",
                 *conflicts.summary_lines(s["analysis"], stack, dropped),
+                *(["files that merged cleanly but break the post-merge lint:"]
+                  + [f"  {f['message']}" for f in s.get("findings", [])] if s.get("findings") else []),
                 *_resolve_hint(self.work)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
@@ -640,8 +643,9 @@ class Bump:
         name = j["names"][idx]
         if drop:
             _reset_to(work, j["tip"])
-            self._record(idx, "dropped", note="removed on purpose by the maintainer")
-            self.log(f"  {name}: dropped")
+            note = self._drop_note(idx)
+            self._record(idx, "dropped", note=note)
+            self.log(f"  {name}: dropped ({note})")
             return
         head = git("rev-parse", "HEAD", cwd=work).strip()
         if head != j["tip"]:
@@ -677,6 +681,15 @@ class Bump:
             _reset_to(work, j["tip"])
             up, how = self._name_absorber(idx, "empty after conflict resolution")
             self._record(idx, "absorbed", upstream=up, how=how)
+
+    def _drop_note(self, idx):
+        """Which later patches rest on the dropped one's lines, and which tests it orphans."""
+        j = self.j
+        gone = {o["index"] for o in j["outcomes"] if o["outcome"] in ("dropped", "absorbed")}
+        deps = dependents.context_dependents(self.work, j["old_base"], j["commits"], idx)
+        tests = {n: _tests_of(self.work, c) for k, (c, n) in enumerate(zip(j["commits"], j["names"]))
+                 if k not in gone}
+        return dependents.drop_note(j["names"], deps, dependents.orphaned_tests(tests, j["names"][idx]))
 
     def _lint_gate(self, idx, parent, commit, undo):
         """Refuse a resolution that breaks a Python file (``undo``: un-commit it, keep it staged)."""
@@ -751,12 +764,13 @@ class Bump:
         for name, outcome in j.get("tests", {}).items():
             if name in by_name and outcome:
                 tests[by_name[name]] = outcome
-        hints = {"absorbed": {}, "dropped": [], "notes": {}}
+        hints = {"absorbed": {}, "dropped": [], "notes": {}, "drop_notes": {}}
         for o in j["outcomes"]:
             if o["outcome"] == "absorbed":
                 hints["absorbed"][o["old"]] = [o["upstream"], o["how"]]
             elif o["outcome"] == "dropped":
                 hints["dropped"].append(o["old"])
+                hints["drop_notes"][o["old"]] = o["note"]
             elif o["note"] and o["new"]:
                 hints["notes"][o["new"]] = o["note"]
         record = {

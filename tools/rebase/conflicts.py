@@ -128,18 +128,42 @@ def _merge_ranges(ranges: list, limit: int) -> list:
     return [(lo, hi - lo + 1) for lo, hi in merged]
 
 
-def history_args(upstream_range) -> list:
-    """rev-list arguments for the upstream commits between the bases."""
-    old, new = upstream_range
-    return [old, new] if old.startswith("--since=") else [f"{old}..{new}"]
+CLOSEST_SCAN = 80  # upstream versions of a file compared with an sdist's, newest first
 
 
 def commits_touching(work, upstream_range, files: list) -> list:
     """``[{"commit", "subject"}]`` of upstream commits between the bases touching ``files``."""
     if not files:
         return []
-    out = git("log", "--no-merges", "--format=%H %s", *history_args(upstream_range), "--", *files, cwd=work)
+    out = git("log", "--no-merges", "--format=%H %s", f"{upstream_range[0]}..{upstream_range[1]}",
+              "--", *files, cwd=work)
     return [{"commit": line[:40], "subject": line[41:]} for line in out.splitlines()]
+
+
+def closest_upstream(work, new: str, path: str, old_blob: str) -> str:
+    """The commit of ``new``'s history whose ``path`` is closest to ``old_blob`` (an sdist's file,
+    which has no history): where the old base stood for this file. "" if none."""
+    from tools.rebase.lint import read_blobs
+    import difflib
+
+    out = git("log", f"-{CLOSEST_SCAN}", "--format=%H", new, "--", path, cwd=work).split()
+    if not out or not old_blob:
+        return ""
+    specs = [f"{c}:{path}" for c in out]
+    blobs = read_blobs(work, specs + [old_blob])
+    old_lines = (blobs.get(old_blob) or "").splitlines()
+    best, best_cost = "", None
+    for c in out:
+        text = blobs.get(f"{c}:{path}")
+        if text is None:
+            continue
+        sm = difflib.SequenceMatcher(None, old_lines, text.splitlines(), autojunk=False)
+        cost = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal")
+        if best_cost is None or cost < best_cost:
+            best, best_cost = c, cost
+        if cost == 0:
+            break
+    return best
 
 
 def _blob_id(work, spec: str) -> str:
@@ -177,8 +201,8 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
             old_chain=None) -> dict:
     """Explain the conflict in progress in ``work``.
 
-    ``upstream_range``: (old, new) upstream commits whose history is in ``work``; old may be
-    ``--since=<date>`` when the old base is an sdist (no commit to start from); ``candidates``:
+    ``upstream_range``: (old, new) upstream commits whose history is in ``work``; old is None when
+    the old base is an sdist: then each file starts at its closest upstream version; ``candidates``:
     ``[{"commit", "subject"}]`` upstream commits of that range touching the files (oldest first);
     ``new_base``/``tip``: the replayed chain so far (its commits are stack patches); ``old_chain``:
     (old base, the patch's old parent) to find stack patches that brought the base-side lines.
@@ -187,8 +211,10 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
     """
     stages = unmerged_stages(work)
     types = conflict_types(stages, git_output)
-    subjects = {c["commit"]: c["subject"] for c in candidates}
-    cand_removed = None
+    candidates = list(candidates or [])
+    per_file = upstream_range is not None and upstream_range[0] is None
+    subjects = {}
+    cand_removed = {}
     lines_by_commit, files = {}, {}
     stack_lines, old_lines = {}, {}
     for path, st in sorted(stages.items()):
@@ -198,20 +224,29 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
         ours_lines = _blob_lines(work, st.get(2, ""))
         ranges = _merge_ranges([(o0, on) for _, _, o0, on in hunks], len(ours_lines))
         blamed = []
-        if upstream_range and ranges and st.get(2):
+        rng = upstream_range
+        if per_file:
+            start = closest_upstream(work, upstream_range[1], path, _blob_id(work, f"{old_chain[0]}:{path}")
+                                     if old_chain else "")
+            rng = (start, upstream_range[1]) if start else None
+            info["upstream_from"] = start
+            known = {c["commit"] for c in candidates}
+            candidates += [c for c in (commits_touching(work, rng, [path]) if rng else []) if c["commit"] not in known]
+        subjects.update({c["commit"]: c["subject"] for c in candidates})
+        if rng and ranges and st.get(2):
             # The upstream side is the new base plus the patches replayed so far: blame the lines
             # that are the new base's in its own history; the others came from the stack.
-            up_blob = _blob_id(work, f"{upstream_range[1]}:{path}")
+            up_blob = _blob_id(work, f"{rng[1]}:{path}")
             mapped = _map_lines(work, up_blob, st[2], ranges)
             up_lines = [n for n in mapped if n]
             up_ranges = _merge_ranges([(n, 1) for n in up_lines], 10 ** 9)
-            got = iter(_blame(work, [*history_args(upstream_range), "--", path], up_ranges))
+            got = iter(_blame(work, [f"{rng[0]}..{rng[1]}", "--", path], up_ranges))
             blamed = [next(got, "") if n else "0" * 40 for n in mapped]
         mine = {}
         for sha in blamed:
             if sha and sha != "0" * 40:
                 mine[sha] = mine.get(sha, 0) + 1
-        from_stack = any(s == "0" * 40 for s in blamed) or not upstream_range
+        from_stack = any(s == "0" * 40 for s in blamed) or not rng
         if tip and new_base and ranges and from_stack:
             for sha in _blame(work, [f"{new_base}..{tip}", "--", path], ranges):
                 if sha and sha != "0" * 40:
@@ -221,8 +256,8 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
         gone = {base_lines[i - 1].strip() for b0, bn, _, on in hunks if bn and not on
                 for i in range(b0, b0 + bn) if 0 < i <= len(base_lines) and base_lines[i - 1].strip()}
         if gone and candidates:
-            if cand_removed is None:
-                cand_removed = _removed_lines(work, [c["commit"] for c in candidates])
+            cand_removed.update(_removed_lines(work, [c["commit"] for c in candidates
+                                                      if c["commit"] not in cand_removed]))
             for sha, removed in cand_removed.items():
                 if removed.get(path, set()) & gone:
                     mine[sha] = mine.get(sha, 0) + len(removed[path] & gone)
@@ -279,7 +314,9 @@ def summary_lines(analysis: dict, names: dict = None, dropped: dict = None) -> l
     names, dropped = names or {}, dropped or {}
     out = []
     for path, info in sorted(analysis["files"].items()):
-        out.append(f"  {path} ({info['type']} conflict)")
+        since = (f"; upstream history read from {info['upstream_from'][:12]}, its closest version to the old base"
+                 if info.get("upstream_from") else "")
+        out.append(f"  {path} ({info['type']} conflict{since})")
     if analysis["causes"]:
         out.append("upstream commits that changed the conflicting lines:")
         out += [f"  {c['commit'][:12]} {c['subject']} ({', '.join(c['files'])})" for c in analysis["causes"]]

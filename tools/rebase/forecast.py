@@ -115,6 +115,8 @@ def forecast(layout, spec: str, log=print) -> dict:
         if upstream is not None:
             data["upstream_commits"] = upstream
         by_index = {o["index"]: o for o in j["outcomes"]}
+        for k, stop in stops.items():  # what dropping it would leave behind
+            stop["if_dropped"] = by_index.get(k, {}).get("note", "")
         for k, name in enumerate(j["names"]):
             o = by_index.get(k, {})
             row = {"number": k + 1, "name": name}
@@ -181,7 +183,7 @@ def render(data: dict) -> str:
             kind = row.get("types", {}).get(path)
             out.append(f"- `{path}`" + (f" ({kind} conflict)" if kind else ""))
         for finding in row.get("findings", []):
-            out.append(f"- lint: {finding}")
+            out.append(f"- lint (clean merge, broken file): {finding}")
         if row.get("causes"):
             out += ["", "Upstream commits that changed the conflicting lines:", ""]
             out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["causes"]]
@@ -190,6 +192,8 @@ def render(data: dict) -> str:
             out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["also"]]
         if row.get("after_dropped"):
             out += ["", f"Its conflicting context came from {', '.join(row['after_dropped'])}, dropped above."]
+        if row.get("if_dropped"):
+            out += ["", f"If dropped: {row['if_dropped'].replace('removed on purpose by the maintainer; ', '')}."]
     return "\n".join(out) + "\n"
 
 

@@ -130,6 +130,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                 "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
             },
         }
+        if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
+            entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
         if row.upstream:
             entry["upstream_commit"] = row.upstream
         elif row.status == "absorbed":  # no history to search (sdist): say where it went
