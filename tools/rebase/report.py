@@ -15,6 +15,7 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.review import review_focus
 
 SCHEMA = "fork-rebase-report/1"
 CHURN_DIFF_LINES = 120  # per file, in the sdist churn section
@@ -173,7 +174,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     if old_base != new_base:
         churn["files_changed_upstream"] = len(
             git("diff", "--name-only", "--no-renames", old_base, new_base, cwd=repo).split())
-    review = _review_focus(mapping, churn)
+    review = review_focus(mapping, churn)
 
     return {
         "schema": SCHEMA,
@@ -198,33 +199,6 @@ def _patches_by_file(commits: list) -> dict:
 
 def _numbers_touching(touching: dict, paths) -> list:
     return sorted(set().union(*(touching.get(p, set()) for p in paths))) if paths else []
-
-
-def _review_focus(mapping: list, churn: dict) -> list:
-    """What a reviewer should read first, one line each, in stack order.
-
-    Text-level statuses miss semantic interactions: a patch that re-applied unchanged next to an
-    upstream change in the same file still deserves a look, so those are listed too.
-    """
-    files_of = {}
-    for e in churn["entries"]:
-        for n in e.get("patches", []):
-            files_of.setdefault(n, set()).update(e["files"] if "files" in e else [e["file"]])
-    focus = []
-    for e in mapping:
-        number = (e["new_numbers"] or e["old_numbers"] or [0])[0]
-        label = f"#{number} {e.get('patch_name') or (e['new'] or e['old'])[0]['subject']}"
-        changed = files_of.get(e["new_numbers"][0]) if e["new_numbers"] else None
-        upstream_note = ""
-        if changed:
-            files = ", ".join(f"`{f}`" for f in sorted(changed))
-            upstream_note = f"upstream changed {files}, which it also touches: check the interaction"
-        if e["status"] not in ("identical", "renumbered", "message-only"):
-            why = f"{e['status']}: {e['note']}" if e["note"] else e["status"]
-            focus.append({"patch": label, "why": f"{why}; {upstream_note}" if upstream_note else why})
-        elif upstream_note:
-            focus.append({"patch": label, "why": f"{e['status']}, but {upstream_note}"})
-    return focus
 
 
 def dumps(data: dict) -> str:
