@@ -28,6 +28,7 @@ from pathlib import Path
 from tools.rebase import conflicts, dependents
 from tools.rebase import journal as jr
 from tools.rebase import resolutions as rr
+from tools.rebase.basecompare import downgrade_warnings
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
@@ -302,6 +303,8 @@ class Bump:
         self.j["new_base"] = new_base
         self.j["tip"] = new_base
         self._save()
+        for warning in downgrade_warnings(work, old_base, new_base, old_pin, new_pin):
+            self.log(f"warning: {warning}")
         loaded = rr.import_resolutions(layout.resolutions, work)
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"

@@ -111,6 +111,11 @@ def forecast(layout, spec: str, log=print) -> dict:
             "new_base": _pin_json(j["new_pin"]),
             "patches": [],
         }
+        from tools.rebase.basecompare import downgrade_warnings
+        from tools.rebase.bump import _pin_from_toml
+
+        data["warnings"] = downgrade_warnings(scratch.work, j["old_base"], j["new_base"],
+                                              _pin_from_toml(j["old_pin"]), _pin_from_toml(j["new_pin"]))
         upstream = _upstream_count(scratch.work, data["old_base"], data["new_base"])
         if upstream is not None:
             data["upstream_commits"] = upstream
@@ -167,6 +172,7 @@ def render(data: dict) -> str:
            f"- Onto: {_base_text(data['new_base'])}"]
     if "upstream_commits" in data:
         out.append(f"- Upstream commits between the bases: {data['upstream_commits']}")
+    out += [f"- **Warning**: {w}" for w in data.get("warnings", [])]
     shown = ", ".join(f"{n} {s}" for s, n in sorted(data["counts"].items()))
     verdict = "a real bump would stop" if data["would_stop"] else "a real bump would run through"
     out += [f"- Outcome: {shown}; {verdict}", "",

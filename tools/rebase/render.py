@@ -64,11 +64,15 @@ def render_markdown(data: dict) -> str:
     shown = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
     out.append(f"- Statuses: {shown or 'no patches'}")
     churn = data["upstream_churn"]
-    if "files_changed_upstream" in churn:
+    if "package_changes" in churn:
         touched = len(churn["entries"])
         what = (f"{touched} upstream commits touch files the stack touches" if churn["kind"] == "commits"
-                else f"{touched} of them are files the stack touches")
-        out.append(f"- Upstream: {churn['files_changed_upstream']} files changed between the bases; {what}")
+                else f"{touched} files the stack touches changed")
+        pc = churn["package_changes"]
+        out.append(f"- Upstream, package `megatron/` only: {pc['added']} files added, {pc['modified']} modified, "
+                   f"{pc['deleted']} deleted between the bases; {what}")
+    for warning in data.get("warnings", []):
+        out.append(f"- **Warning**: {warning}")
     out += ["", "## Review focus", ""]
     review = data.get("review", [])
     if review:

@@ -15,6 +15,7 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.basecompare import downgrade_warnings, package_changes
 from tools.rebase.review import review_focus
 
 SCHEMA = "fork-rebase-report/1"
@@ -172,8 +173,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                                      "patches": _numbers_touching(touching, [path]),
                                      "diff": "\n".join(lines)})
     if old_base != new_base:
-        churn["files_changed_upstream"] = len(
-            git("diff", "--name-only", "--no-renames", old_base, new_base, cwd=repo).split())
+        churn["package_changes"] = package_changes(repo, old_base, new_base)
     review = review_focus(mapping, churn)
 
     return {
@@ -184,6 +184,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "mapping": mapping,
         "upstream_churn": churn,
         "review": review,
+        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin) if old_base != new_base else [],
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
