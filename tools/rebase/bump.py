@@ -21,8 +21,6 @@ pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` the
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from tools.rebase import conflicts, dependents
@@ -33,6 +31,7 @@ from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_c
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
 from tools.rebase.lint import lint_change, lint_worktree
+from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.materialize import materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
@@ -58,40 +57,12 @@ def _resolve_hint(work):
 
 # ---------------------------------------------------------------- tests
 
-_VERBOSE_LINE = re.compile(r"^(tests/\S+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-
-
 def pytest_runner(layout, name: str, node_ids: list) -> dict:
-    """Run a patch's node ids in one pytest process (``megatron/`` is the bumped tree).
+    """Run a patch's node ids in one pytest process (``megatron/`` is the bumped tree); see
+    ``testrun.run_pytest`` for the outcomes (a broken environment is "could not run", not "failed")."""
+    from tools.rebase.testrun import run_pytest
 
-    Each node id gets one outcome: ``failed`` if any test under it failed or errored,
-    ``skipped`` if all were skipped, ``not found`` if none ran, else ``passed`` (xfail counts).
-    """
-    if not node_ids:
-        return {}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", *node_ids],
-        cwd=layout.root, capture_output=True, text=True,
-    )
-    if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
-        out = {}
-        for node in node_ids:
-            out.update(pytest_runner(layout, name, [node]))
-        return out
-    ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
-    results = {}
-    for node in node_ids:
-        mine = [outcome for test, outcome in ran
-                if test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))]
-        if any(o in ("FAILED", "ERROR", "XPASS") for o in mine):
-            results[node] = "failed"
-        elif not mine:
-            results[node] = "not found" if proc.returncode in (0, 1, 4, 5) else "error"
-        elif all(o == "SKIPPED" for o in mine):
-            results[node] = "skipped"
-        else:
-            results[node] = "passed"
-    return results
+    return run_pytest(layout.root, node_ids)
 
 
 # ---------------------------------------------------------------- helpers
@@ -729,6 +700,13 @@ class Bump:
             results[o["name"]] = outcome
             failures += [f"{o['name']}: {node}: {res}" for node, res in sorted(outcome.items()) if res != "passed"]
         j["tests"] = results
+        if failures and all(COULD_NOT_RUN in f for f in failures):
+            j["phase"] = "tests-failed"
+            self._save()
+            raise Stopped("bump stopped: the tests of patches whose conflicts were resolved could not run "
+                          "(the environment, not the patch):\n  " + "\n  ".join(failures)
+                          + "\nFix the environment and `bump --continue`, or `bump --continue --no-tests` to "
+                            "accept the resolution unverified; `bump --abort` restores everything.")
         if failures:
             j["phase"] = "tests-failed"
             self._save()

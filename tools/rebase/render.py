@@ -41,6 +41,9 @@ def _tests_cell(entry) -> str:
     if not results:
         return "—"
     outcomes = list(results.values())
+    cannot = [o for o in outcomes if o.startswith("could not run")]
+    if cannot:
+        return f"could not run ({len(cannot)}/{len(outcomes)}): {cannot[0].partition(': ')[2]}"
     bad = sum(1 for o in outcomes if o not in ("passed", "skipped"))
     skipped = outcomes.count("skipped")
     if bad:
