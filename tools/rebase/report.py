@@ -15,6 +15,7 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase import absorption
 from tools.rebase.basecompare import downgrade_warnings, package_changes
 from tools.rebase.review import review_focus
 
@@ -134,9 +135,18 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         }
         if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
             entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
+        if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
+            parts = absorption.partial(repo, row.old[0], row.new[0], upstream)  # where the missing part went
+            if parts:
+                entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
+                entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
+        pieces = absorption.pieces(row.old[0], upstream) if row.status == "absorbed" and upstream else []
+        if pieces:  # no single commit carries all of it
+            entry["upstream_commits"] = pieces
+            entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
         if row.upstream:
             entry["upstream_commit"] = row.upstream
-        elif row.status == "absorbed":  # no history to search (sdist): say where it went
+        elif row.status == "absorbed" and not pieces:  # no history to search (sdist): say where it went
             entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
         named = row.new or row.old
         entry["patch_name"] = named[0].name if named else ""
