@@ -174,6 +174,31 @@ def use_mirror(url: str, path) -> None:
     MIRRORS[url] = str(local.resolve())
 
 
+def _local_objects(url: str) -> str:
+    """The object directory of ``url`` when it is a local repository (a mirror or a path), else ""."""
+    local = _local_url(url)
+    if not Path(local).is_dir():
+        return ""
+    proc = git_proc("rev-parse", "--absolute-git-dir", cwd=local)
+    if proc.returncode != 0:
+        return ""
+    objects = Path(proc.stdout.strip()) / "objects"
+    return str(objects) if objects.is_dir() else ""
+
+
+def _borrow(git_dir: Path, objects: str) -> None:
+    """Let the repository at ``git_dir`` read ``objects`` in place (git alternates): importing a
+    local upstream's history then copies nothing. The local repository must stay where it is."""
+    if not objects:
+        return
+    info = git_dir / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    alternates = info / "alternates"
+    lines = alternates.read_text().splitlines() if alternates.is_file() else []
+    if objects not in lines:
+        alternates.write_text("".join(f"{line}\n" for line in [*lines, objects]))
+
+
 def _local_url(url: str) -> str:
     if url in MIRRORS:
         return MIRRORS[url]
@@ -184,6 +209,7 @@ def _local_url(url: str) -> str:
 def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     """Fetch ``ref`` from ``url`` into the cache mirror and return its full commit id."""
     mirror = _git_cache(cache, url)
+    _borrow(mirror, _local_objects(url))
     proc = git_proc("fetch", "-q", "--no-tags", _local_url(url), f"{ref}", cwd=mirror)
     if proc.returncode != 0:
         raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
@@ -198,6 +224,9 @@ def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
     """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists."""
     if not rev_parse(work, commit):
         mirror = _git_cache(cache, url)
+        local_objects = _local_objects(url)
+        _borrow(mirror, local_objects)
+        _borrow(work / ".git", local_objects)
         if not rev_parse(mirror, commit):
             proc = git_proc("fetch", "-q", "--no-tags", _local_url(url), commit, cwd=mirror)
             if proc.returncode != 0 or not rev_parse(mirror, commit):
