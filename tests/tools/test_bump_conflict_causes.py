@@ -4,7 +4,7 @@ touched the files under "also touched these files", and names the conflict type 
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, numbered, quiet, replace_line
+from tests.tools.bumpkit import make_fork, numbered, quiet, replace_line, sh
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_continue
 
@@ -74,3 +74,31 @@ def test_causes_first_then_also_touched_with_types(fork):
     text, s = _stop(fork, resume=True)
     assert set(s["analysis"]["types"].values()) == {"rename"}
     assert "megatron/core/alpha2.py (rename conflict)" in text
+
+
+def test_causes_from_an_sdist_base_start_at_the_closest_upstream_version(fork, tmp_path):
+    import hashlib
+    import tarfile
+
+    # The old base is an sdist of upstream v1 (no history); upstream then moves on in git.
+    sdist_dir = tmp_path / "cache" / "sdist"
+    sdist_dir.mkdir(parents=True)
+    archive = sdist_dir / "megatron_core-0.42.1.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(fork.upstream.rglob("*")):
+            rel = path.relative_to(fork.upstream)
+            if path.is_file() and ".git" not in rel.parts:
+                tar.add(path, arcname=f"megatron_core-0.42.1/{rel.as_posix()}")
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    fork.layout.pin.write_text(f'[upstream]\nkind = "pypi"\npackage = "megatron-core"\nversion = "0.42.1"\n'
+                               f'sha256 = "{sha}"\n')
+    fork.stack([("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")})])
+    before = fork.upstream_commit({B: replace_line("beta line 20\n", "beta line 20 up\n")}, "upstream: far edit")
+    cause = fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 up\n")}, "upstream: rewrite beta 5",
+                                 tag="v2")
+    text, s = _stop(fork)
+    info = s["analysis"]["files"][B]
+    assert info["upstream_from"] == sh("git", "rev-parse", "v1", cwd=fork.upstream).strip()
+    assert [c["commit"] for c in s["analysis"]["causes"]] == [cause]
+    assert [c["commit"] for c in s["analysis"]["also"]] == [before]
+    assert "its closest version to the old base" in text

@@ -586,6 +586,10 @@ class Bump:
                 f"bump stopped: patch {idx + 1:04d}-{j['names'][idx]} ({_subject(self.work, j['commits'][idx])}) "
                 f"conflicts with {_base_label(new_pin)} in:",
                 *conflicts.summary_lines(s["analysis"], stack, dropped),
+                *(["upstream changes to these files between the bases:"]
+                  + [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s["upstream"]]
+                  if s["upstream"] and "file" in s["upstream"][0]
+                  and not (s["analysis"]["causes"] or s["analysis"]["also"]) else []),
                 *(["files that merged cleanly but break the post-merge lint:"]
                   + [f"  {f['message']}" for f in s.get("findings", [])] if s.get("findings") else []),
                 *_resolve_hint(self.work)])

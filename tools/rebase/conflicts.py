@@ -143,22 +143,23 @@ def commits_touching(work, upstream_range, files: list) -> list:
 def closest_upstream(work, new: str, path: str, old_blob: str) -> str:
     """The commit of ``new``'s history whose ``path`` is closest to ``old_blob`` (an sdist's file,
     which has no history): where the old base stood for this file. "" if none."""
+    from collections import Counter
+
     from tools.rebase.lint import read_blobs
-    import difflib
 
     out = git("log", f"-{CLOSEST_SCAN}", "--format=%H", new, "--", path, cwd=work).split()
     if not out or not old_blob:
         return ""
     specs = [f"{c}:{path}" for c in out]
     blobs = read_blobs(work, specs + [old_blob])
-    old_lines = (blobs.get(old_blob) or "").splitlines()
+    old_lines = Counter((blobs.get(old_blob) or "").splitlines())
     best, best_cost = "", None
     for c in out:
         text = blobs.get(f"{c}:{path}")
         if text is None:
             continue
-        sm = difflib.SequenceMatcher(None, old_lines, text.splitlines(), autojunk=False)
-        cost = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal")
+        lines = Counter(text.splitlines())  # lines only one side has: cheap, and enough to rank
+        cost = sum(((old_lines - lines) + (lines - old_lines)).values())
         if best_cost is None or cost < best_cost:
             best, best_cost = c, cost
         if cost == 0:
