@@ -14,14 +14,13 @@ PACKAGE_DIR = "megatron/"
 VERSION_FILE = "megatron/core/package_info.py"
 
 
-def base_version(repo, commit: str) -> str:
-    """The version in the base's ``package_info.py`` ("" when it cannot be read)."""
-    proc = git_proc("show", f"{commit}:{VERSION_FILE}", cwd=repo)
-    if proc.returncode != 0:
+def _version_of(text) -> str:
+    """The version in a ``package_info.py`` text ("" when it cannot be read)."""
+    if text is None:
         return ""
     values = {}
     try:
-        for node in ast.parse(proc.stdout).body:
+        for node in ast.parse(text).body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 if node.targets[0].id in ("MAJOR", "MINOR", "PATCH", "PRE_RELEASE"):
                     values[node.targets[0].id] = ast.literal_eval(node.value)
@@ -30,6 +29,14 @@ def base_version(repo, commit: str) -> str:
     if not all(k in values for k in ("MAJOR", "MINOR", "PATCH")):
         return ""
     return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE') or ''}"
+
+
+def base_version(repo, commit: str) -> str:
+    """The version in the base's ``package_info.py`` ("" when it cannot be read)."""
+    from tools.rebase.lint import read_blobs
+
+    spec = f"{commit}:{VERSION_FILE}"
+    return _version_of(read_blobs(repo, [spec])[spec])
 
 
 def _older(a: str, b: str):
@@ -47,14 +54,14 @@ def _older(a: str, b: str):
         return None
 
 
-def _date(repo, commit: str) -> int:
-    return int(git("show", "-s", "--format=%ct", commit, cwd=repo).strip())
-
-
 def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin=None) -> list:
     """Why the move from ``old_base`` to ``new_base`` looks like going backwards (empty if not)."""
+    from tools.rebase.lint import read_blobs
+
     out = []
-    old_v, new_v = base_version(repo, old_base), base_version(repo, new_base)
+    specs = [f"{old_base}:{VERSION_FILE}", f"{new_base}:{VERSION_FILE}"]
+    blobs = read_blobs(repo, specs)
+    old_v, new_v = _version_of(blobs[specs[0]]), _version_of(blobs[specs[1]])
     if old_pin is not None and old_pin.kind == "pypi":
         old_v = old_pin.version
     if new_pin is not None and new_pin.kind == "pypi":
@@ -66,11 +73,13 @@ def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin
     if old_up and new_up and old_up != new_up and git_proc(
             "merge-base", "--is-ancestor", new_up, old_up, cwd=repo).returncode == 0:
         out.append(f"downgrade: the new upstream commit {new_up[:12]} is an ancestor of the old one {old_up[:12]}")
-    elif _date(repo, new_base) < _date(repo, old_base):
+    else:
         import time
 
-        day = lambda c: time.strftime("%Y-%m-%d", time.gmtime(_date(repo, c)))  # noqa: E731
-        out.append(f"older base: the new base dates from {day(new_base)}, the old one from {day(old_base)}")
+        old_t, new_t = (int(x) for x in git("show", "-s", "--format=%ct", old_base, new_base, cwd=repo).split())
+        if new_t < old_t:
+            day = lambda t: time.strftime("%Y-%m-%d", time.gmtime(t))  # noqa: E731
+            out.append(f"older base: the new base dates from {day(new_t)}, the old one from {day(old_t)}")
     return out
 
 

@@ -30,7 +30,7 @@ from tools.rebase.basecompare import downgrade_warnings
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
-from tools.rebase.lint import lint_change, lint_worktree
+from tools.rebase.lint import first_broken, lint_change, lint_worktree
 from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.materialize import materialize
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
@@ -529,17 +529,22 @@ class Bump:
     def _lint_replayed(self, head, end):
         """First patch of ``tip..head`` whose merge broke a Python file: (index, commit, parent,
         findings), or None."""
-        j, parent = self.j, self.j["tip"]
-        k = j["next"]
-        for sha, name, _ in (_describe(self.work, parent, head) if head != parent else []):
+        j = self.j
+        if head == j["tip"]:
+            return None
+        rows = _describe(self.work, j["tip"], head)
+        index, k = {}, j["next"]
+        for sha, name, _ in rows:
             while k < end and j["names"][k] != name:
                 k += 1
             if k == end:
-                return None  # not one of ours: _adopt reports it
-            findings = self._lint(k, parent, sha)
-            if findings:
-                return k, sha, parent, findings
-            parent, k = sha, k + 1
+                break  # not one of ours: _adopt reports it
+            index[sha] = k
+            k += 1
+        broken = first_broken(self.work, j["tip"], head,
+                              lambda sha: (j["new_base"], j["commits"][index[sha]]) if sha in index else ())
+        if broken and broken[0] in index:
+            return index[broken[0]], broken[0], broken[1], broken[2]
         return None
 
     def _stop_lint(self, idx, bad, parent, findings):

@@ -112,6 +112,19 @@ def python_files_changed(repo, parent: str, commit: str) -> list:
     return [p for p in out.split() if p.endswith(".py")]
 
 
+def _new_findings(repo, path: str, text: str, baselines) -> list:
+    """Findings in ``text`` not present in the baselines' version of ``path`` (read only when needed)."""
+    found = lint_source(path, text)
+    if not found or not baselines:
+        return found
+    blobs = read_blobs(repo, [f"{rev}:{path}" for rev in baselines])
+    known = set()
+    for ref_text in blobs.values():
+        if ref_text is not None:
+            known |= {f.key for f in lint_source(path, ref_text)}
+    return [f for f in found if f.key not in known]
+
+
 def lint_change(repo, parent: str, commit: str, baselines=(), files=None) -> list:
     """New findings in the Python files ``parent..commit`` touches (``files``: those paths only).
 
@@ -120,22 +133,37 @@ def lint_change(repo, parent: str, commit: str, baselines=(), files=None) -> lis
     """
     paths = files if files is not None else python_files_changed(repo, parent, commit)
     paths = [p for p in paths if p.endswith(".py")]
-    if not paths:
-        return []
-    specs = [f"{rev}:{p}" for p in paths for rev in (commit, *baselines)]
-    blobs = read_blobs(repo, specs)
+    blobs = read_blobs(repo, [f"{commit}:{p}" for p in paths])
     found = []
     for p in paths:
         text = blobs.get(f"{commit}:{p}")
-        if text is None:
-            continue
-        known = set()
-        for rev in baselines:
-            ref_text = blobs.get(f"{rev}:{p}")
-            if ref_text is not None:
-                known |= {f.key for f in lint_source(p, ref_text)}
-        found += [f for f in lint_source(p, text) if f.key not in known]
+        if text is not None:
+            found += _new_findings(repo, p, text, baselines)
     return found
+
+
+def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
+    """Walk the commits ``base..head`` (oldest first) and return ``(commit, parent, findings)`` of
+    the first whose Python files have new findings, else None. ``baselines_of(commit)`` gives the
+    reference revisions of one commit. Two git calls for the whole range, however long."""
+    out = git("log", "--reverse", "--format=%x01%H", "--name-only", "--no-renames", "--diff-filter=AMR",
+              f"{base}..{head}", cwd=repo)
+    steps = []
+    for chunk in out.split("\x01")[1:]:
+        lines = chunk.split()
+        steps.append((lines[0], [p for p in lines[1:] if p.endswith(".py")]))
+    blobs = read_blobs(repo, [f"{c}:{p}" for c, paths in steps for p in paths])
+    parent = base
+    for commit, paths in steps:
+        found = []
+        for p in paths:
+            text = blobs.get(f"{commit}:{p}")
+            if text is not None:
+                found += _new_findings(repo, p, text, baselines_of(commit))
+        if found:
+            return commit, parent, found
+        parent = commit
+    return None
 
 
 def lint_worktree(repo, paths: list, baselines=()) -> list:
