@@ -106,6 +106,15 @@ def read_blobs(repo, specs: list) -> dict:
     return out
 
 
+def blob_ids(repo, specs: list) -> dict:
+    """``{"rev:path": blob id or ""}`` in one ``git cat-file --batch-check`` call."""
+    if not specs:
+        return {}
+    out = git("cat-file", "--batch-check=%(objectname)", cwd=repo, input="".join(f"{s}\n" for s in specs))
+    return {spec: ("" if line.endswith(" missing") or line.endswith(" ambiguous") else line.strip())
+            for spec, line in zip(specs, out.splitlines())}
+
+
 def python_files_changed(repo, parent: str, commit: str) -> list:
     out = git("diff-tree", "-r", "--name-only", "--no-renames", "--diff-filter=AMR", "--no-commit-id",
               parent, commit, cwd=repo)
@@ -152,7 +161,13 @@ def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
     for chunk in out.split("\x01")[1:]:
         lines = chunk.split()
         steps.append((lines[0], [p for p in lines[1:] if p.endswith(".py")]))
-    blobs = read_blobs(repo, [f"{c}:{p}" for c, paths in steps for p in paths])
+    # A merged file identical to a reference version (the patch's old result, or upstream's file)
+    # cannot hold a new finding: only the others are read and parsed.
+    refs = {c: tuple(baselines_of(c)) for c, _ in steps}
+    ids = blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in (c, *refs[c])])
+    todo = [f"{c}:{p}" for c, paths in steps for p in paths
+            if ids[f"{c}:{p}"] and ids[f"{c}:{p}"] not in {ids[f"{rev}:{p}"] for rev in refs[c]}]
+    blobs = read_blobs(repo, todo)
     parent = base
     for commit, paths in steps:
         found = []

@@ -7,6 +7,7 @@ byte-identical files.
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -173,9 +174,17 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     elif old_base != new_base:
         out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
             if stack_files else ""
+        paths = [line.split("\t", 2)[2] for line in out.splitlines()]
+        whole = git("diff", "--no-renames", "-U2", old_base, new_base, "--", *paths, cwd=repo) if paths else ""
+        per_file = {}  # one git call, split per file
+        for chunk in re.split(r"(?m)^(?=diff --git )", whole):
+            if chunk.startswith("diff --git "):
+                per_file[chunk.split("\n", 1)[0][len("diff --git "):]] = chunk
         for line in out.splitlines():
             added, removed, path = line.split("\t", 2)
-            diff = git("diff", "--no-renames", "-U2", old_base, new_base, "--", path, cwd=repo)
+            diff = per_file.get(f"a/{path} b/{path}", "")
+            if not diff:
+                diff = git("diff", "--no-renames", "-U2", old_base, new_base, "--", path, cwd=repo)
             lines = diff.splitlines()
             if len(lines) > CHURN_DIFF_LINES:
                 lines = lines[:CHURN_DIFF_LINES] + [f"... ({len(diff.splitlines()) - CHURN_DIFF_LINES} more lines)"]
