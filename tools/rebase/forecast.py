@@ -72,6 +72,9 @@ def _stop_entry(j: dict) -> dict:
     if s.get("analysis"):
         a = s["analysis"]
         entry.update(types=a["types"], causes=a["causes"], also=a["also"])
+        since = {p: i["upstream_from"] for p, i in a["files"].items() if i.get("upstream_from")}
+        if since:  # old base is an sdist: where each file's upstream history was read from
+            entry["history_from"] = since
         dropped = {o["old"]: o["name"] for o in j["outcomes"] if o["outcome"] == "dropped"}
         entry["after_dropped"] = [dropped[c] for c in a.get("old_context", []) if c in dropped]
     if s.get("findings"):
@@ -187,7 +190,9 @@ def render(data: dict) -> str:
         out += ["", f"## {row['number']:04d} {row['name']}: {row['status']}", ""]
         for path in row["files"]:
             kind = row.get("types", {}).get(path)
-            out.append(f"- `{path}`" + (f" ({kind} conflict)" if kind else ""))
+            since = row.get("history_from", {}).get(path)
+            since = f"; upstream history read from `{since[:12]}`, its closest version to the old base" if since else ""
+            out.append(f"- `{path}`" + (f" ({kind} conflict{since})" if kind else ""))
         for finding in row.get("findings", []):
             out.append(f"- lint (clean merge, broken file): {finding}")
         if row.get("causes"):
