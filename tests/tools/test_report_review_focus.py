@@ -30,8 +30,10 @@ def test_review_focus_names_unchanged_patches_beside_upstream_changes(tmp_path):
     assert [e["patch_name"] for e in data["mapping"]] == ["near-churn", "quiet", "changed"]
     review = {item["patch"]: item["why"] for item in data["review"]}
     assert set(review) == {"#1 near-churn", "#3 changed"}, "the quiet patch needs no review"
+    far = sh("git", "rev-parse", "HEAD~3", cwd=repo).strip()
     assert review["#1 near-churn"] == (
-        "identical, but upstream changed `a.py`, which it also touches: check the interaction")
+        f"identical, but upstream changed `a.py`, which it also touches: check the interaction "
+        f"(upstream commit {far[:12]})")
     assert review["#3 changed"].startswith("modified")
     (entry,) = data["upstream_churn"]["entries"]
     assert entry["files"] == ["a.py"] and entry["patches"] == [1]

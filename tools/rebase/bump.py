@@ -20,20 +20,21 @@ pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` the
 """
 
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
 
+from tools.rebase import conflicts, dependents
 from tools.rebase import journal as jr
 from tools.rebase import resolutions as rr
+from tools.rebase.basecompare import downgrade_warnings
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
 from tools.rebase.gitlocks import clear_stale_locks
 from tools.rebase.killpoints import env_hook
+from tools.rebase.lint import first_broken, lint_change, lint_worktree
 from tools.rebase.lock import locked
 from tools.rebase.materialize import local_edits, materialize
+from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
@@ -46,45 +47,26 @@ class Stopped(RebaseError):
     """The bump stopped and waits for the maintainer (conflict or failing tests)."""
 
 
+def _resolve_hint(work):
+    return [f"Resolve in {work} (edit the files, then `git -C {work} add <files>`; do not commit),",
+            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
+            "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo."]
+
+
 # ---------------------------------------------------------------- tests
 
-_VERBOSE_LINE = re.compile(r"^(tests/\S+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-
-
 def pytest_runner(layout, name: str, node_ids: list) -> dict:
-    """Run a patch's node ids in one pytest process (``megatron/`` is the bumped tree).
+    """Run a patch's node ids in one pytest process (``megatron/`` is the bumped tree); see
+    ``testrun.run_pytest`` for the outcomes (a broken environment is "could not run", not "failed")."""
+    from tools.rebase.testrun import run_pytest
 
-    Each node id gets one outcome: ``failed`` if any test under it failed or errored,
-    ``skipped`` if all were skipped, ``not found`` if none ran, else ``passed`` (xfail counts).
-    """
     from tools.rebase.testids import invalid_test_id
 
+    # A Tests: id comes from a patch file (untrusted): one that could be read as a pytest option
+    # or points outside tests/ is refused, never run.
     refused = {n: f"refused: {invalid_test_id(n)}" for n in node_ids if invalid_test_id(n)}
-    node_ids = [n for n in node_ids if n not in refused]
-    if not node_ids:
-        return refused
-    proc = subprocess.run(  # "--": an id is never read as an option
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "--", *node_ids],
-        cwd=layout.root, capture_output=True, text=True,
-    )
-    if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
-        out = dict(refused)
-        for node in node_ids:
-            out.update(pytest_runner(layout, name, [node]))
-        return out
-    ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
-    results = dict(refused)
-    for node in node_ids:
-        mine = [outcome for test, outcome in ran
-                if test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))]
-        if any(o in ("FAILED", "ERROR", "XPASS") for o in mine):
-            results[node] = "failed"
-        elif not mine:
-            results[node] = "not found" if proc.returncode in (0, 1, 4, 5) else "error"
-        elif all(o == "SKIPPED" for o in mine):
-            results[node] = "skipped"
-        else:
-            results[node] = "passed"
+    results = run_pytest(layout.root, [n for n in node_ids if n not in refused])
+    results.update(refused)
     return results
 
 
@@ -317,6 +299,8 @@ class Bump:
         self.hook("after-backup")
         loaded = self._import_new_base(new_pin)
         self.hook("after-import")
+        for warning in downgrade_warnings(work, old_base, self.j.new_base, old_pin, new_pin):
+            self.log(f"warning: {warning}")
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))
@@ -402,6 +386,7 @@ class Bump:
         if j.picking is not None:  # killed while committing a patch rerere had resolved
             idx = j.picking.index
             if head != j.tip and rev_parse(work, f"{head}^") == j.tip and _patch_name(work, head) == j.names[idx]:
+                self._lint_recorded(idx, head)  # killed before its lint ran: a broken result still stops
                 self._record_recorded(idx, head)
                 _reset_to(work, head)
                 return
@@ -526,7 +511,13 @@ class Bump:
             elif proc.returncode != 0:
                 _reset_to(work, j.tip)
                 raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
-            self._adopt(_head(work), end=idx if idx is not None else len(j.commits))
+            head, end = _head(work), idx if idx is not None else len(j.commits)
+            broken = self._lint_replayed(head, end)
+            if broken:  # a clean merge that broke a Python file stops like a conflict
+                k, bad, parent, findings = broken
+                self._adopt(parent, end=k)
+                self._stop_lint(k, bad, parent, findings)
+            self._adopt(head, end=end)
             if idx is None:
                 break
             commit = j.commits[idx]
@@ -540,6 +531,7 @@ class Bump:
                     self._save()  # a kill after the commit below must not pass it off as a clean replay
                     new = _commit_pick(work, commit, j.dates[idx])
                     self.hook("after-pick", index=idx)
+                    self._lint_recorded(idx, new)
                     self._record_recorded(idx, new)
                     self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution")
                 else:
@@ -558,9 +550,15 @@ class Bump:
                 self.log(f"  {j.names[idx]}: absorbed upstream ({absorbed[1]})")
                 continue
             rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
+            touching = self._upstream_touching(unmerged)
+            analysis = self._analyse_conflict(idx, proc.stdout + proc.stderr, touching)
+            merged = sorted(set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
+            # files that merged cleanly next to the conflict can be broken too
+            findings = lint_worktree(work, merged, baselines=(j.new_base, commit))
             j.phase = "stopped"
-            j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids,
-                                    upstream=self._upstream_touching(unmerged))
+            j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
+                                    kind="conflict", analysis=analysis,
+                                    findings=[f.to_json() for f in findings])
             self._save()
             raise Stopped(self._conflict_summary())
         if j.phase == "replaying":
@@ -583,11 +581,89 @@ class Bump:
         return [{"file": parts[2], "added": parts[0], "removed": parts[1]}
                 for parts in (line.split("\t", 2) for line in out.splitlines())]
 
+    # -- post-merge lint and conflict causes (tools/rebase/lint.py, conflicts.py)
+    def _lint(self, idx, parent, commit):
+        return lint_change(self.work, parent, commit, baselines=(self.j.new_base, self.j.commits[idx]))
+
+    def _lint_replayed(self, head, end):
+        """First patch of ``tip..head`` whose merge broke a Python file: (index, commit, parent,
+        findings), or None."""
+        j = self.j
+        if head == j.tip:
+            return None
+        rows = _describe(self.work, j.tip, head)
+        index, k = {}, j.next
+        for sha, name, _ in rows:
+            while k < end and j.names[k] != name:
+                k += 1
+            if k == end:
+                break  # not one of ours: _adopt reports it
+            index[sha] = k
+            k += 1
+        broken = first_broken(self.work, j.tip, head,
+                              lambda sha: (j.new_base, j.commits[index[sha]]) if sha in index else ())
+        if broken and broken[0] in index:
+            return index[broken[0]], broken[0], broken[1], broken[2]
+        return None
+
+    def _lint_recorded(self, idx, new):
+        """A pick rerere resolved from a recorded resolution is linted like a clean merge."""
+        findings = self._lint(idx, self.j.tip, new)
+        if findings:
+            self._stop_lint(idx, new, self.j.tip, findings)
+
+    def _stop_lint(self, idx, bad, parent, findings):
+        """Stop at patch ``idx`` with its merged result staged on ``parent`` for the maintainer."""
+        _reset_to(self.work, bad)
+        git("reset", "-q", "--soft", parent, cwd=self.work)
+        files = sorted({f.path for f in findings})
+        j = self.j
+        j.phase = "stopped"
+        j.picking = None
+        j.stopped = jr.StopInfo(index=idx, files=files, rerere_ids=[], upstream=self._upstream_touching(files),
+                                kind="lint", findings=[f.to_json() for f in findings])
+        self._save()
+        raise Stopped(self._conflict_summary())
+
+    def _analyse_conflict(self, idx, output, touching):
+        j = self.j
+        old_pin, new_pin = _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin)
+        # From an sdist (no history) each file starts at its closest upstream version.
+        upstream_range = (old_pin.commit if old_pin.kind == "git" else None, new_pin.commit) \
+            if new_pin.kind == "git" else None
+        return conflicts.analyse(
+            self.work, output, upstream_range=upstream_range,
+            candidates=touching if old_pin.kind == new_pin.kind == "git" else [], new_base=j.new_base, tip=j.tip,
+            old_chain=(j.old_base, j.commits[idx - 1] if idx else j.old_base))
+
     def _conflict_summary(self) -> str:
         j = self.j
         s = j.stopped
         idx = s.index
         new_pin = _pin_from_toml(j.new_pin)
+        if s.kind == "lint":
+            return "\n".join([
+                f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} merged without a conflict, but the "
+                f"result breaks Python files (post-merge lint):",
+                *[f"  {f['message']}" for f in s.findings],
+                f"The merged result is staged in {self.work}: fix the files, `git -C {self.work} add` them "
+                f"(do not commit), then run `python -m tools.rebase bump --continue`; `bump --continue "
+                f"--drop` removes this patch on purpose; `bump --abort` restores everything."])
+        if s.analysis:
+            stack = {sha: f"{n}" for sha, n, _ in _describe(self.work, j.new_base, j.tip)} \
+                if j.tip != j.new_base else {}
+            dropped = {o.old: o.name for o in j.outcomes if o.outcome == "dropped"}
+            return "\n".join([
+                f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "
+                f"conflicts with {_base_label(new_pin)} in:",
+                *conflicts.summary_lines(s.analysis, stack, dropped),
+                *(["upstream changes to these files between the bases:"]
+                  + [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s.upstream]
+                  if s.upstream and "file" in s.upstream[0]
+                  and not (s.analysis["causes"] or s.analysis["also"]) else []),
+                *(["files that merged cleanly but break the post-merge lint:"]
+                  + [f"  {f['message']}" for f in s.findings] if s.findings else []),
+                *_resolve_hint(self.work)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "
             f"conflicts with {_base_label(new_pin)} in:",
@@ -616,8 +692,9 @@ class Bump:
         name = j.names[idx]
         if drop:
             _reset_to(work, j.tip)
-            self._record(idx, "dropped", note="removed on purpose by the maintainer")
-            self.log(f"  {name}: dropped")
+            note = self._drop_note(idx)
+            self._record(idx, "dropped", note=note)
+            self.log(f"  {name}: dropped ({note})")
             return
         head = git("rev-parse", "HEAD", cwd=work).strip()
         if head != j.tip:
@@ -625,6 +702,7 @@ class Bump:
                 # The maintainer committed the resolution: keep its tree (and its message when it
                 # still names the patch), with the original author and a reproducible commit id.
                 keep = _patch_name(work, head) == name
+                self._lint_gate(idx, j.tip, head, undo=False)
                 new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
                 self._export_resolutions(name, s.rerere_ids)
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
@@ -646,6 +724,7 @@ class Bump:
         if _staged_changes(work):
             new = _commit_pick(work, j.commits[idx], j.dates[idx])
             self.hook("after-pick", index=idx)
+            self._lint_gate(idx, j.tip, new, undo=True)
             self._export_resolutions(name, s.rerere_ids)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
@@ -664,6 +743,25 @@ class Bump:
         if missing:
             self.log(f"  warning: {name}: rerere recorded no resolution for conflict(s) {', '.join(missing)}; "
                      f"the next bump will stop there again")
+
+    def _drop_note(self, idx):
+        """Which later patches rest on the dropped one's lines, and which tests it orphans."""
+        j = self.j
+        gone = {o.index for o in j.outcomes if o.outcome in ("dropped", "absorbed")}
+        deps = dependents.context_dependents(self.work, j.old_base, j.commits, idx)
+        tests = {n: _tests_of(self.work, c) for k, (c, n) in enumerate(zip(j.commits, j.names))
+                 if k not in gone}
+        return dependents.drop_note(j.names, deps, dependents.orphaned_tests(tests, j.names[idx]))
+
+    def _lint_gate(self, idx, parent, commit, undo):
+        """Refuse a resolution that breaks a Python file (``undo``: un-commit it, keep it staged)."""
+        findings = self._lint(idx, parent, commit)
+        if findings:
+            if undo:
+                git("reset", "-q", "--soft", parent, cwd=self.work)
+            raise Stopped(f"{self.j.names[idx]}: the resolution breaks Python files (post-merge lint):\n"
+                          + "\n".join(f"  {f}" for f in findings)
+                          + "\nfix them and `git add` (do not commit), then `bump --continue` again")
 
     # -- tests and finish
     def _test_resolved(self):
@@ -693,6 +791,13 @@ class Bump:
             results[o.name] = outcome
             failures += [f"{o.name}: {node}: {res}" for node, res in sorted(outcome.items()) if res != "passed"]
         j.tests = results
+        if failures and all(COULD_NOT_RUN in f for f in failures):
+            j.phase = "tests-failed"
+            self._save()
+            raise Stopped("bump stopped: the tests of patches whose conflicts were resolved could not run "
+                          "(the environment, not the patch):\n  " + "\n  ".join(failures)
+                          + "\nFix the environment and `bump --continue`, or `bump --continue --no-tests` to "
+                            "accept the resolution unverified; `bump --abort` restores everything.")
         if failures:
             j.phase = "tests-failed"
             self._save()
@@ -732,12 +837,13 @@ class Bump:
         for name, outcome in j.tests.items():
             if name in by_name and outcome:
                 tests[by_name[name]] = outcome
-        hints = {"absorbed": {}, "dropped": [], "notes": {}}
+        hints = {"absorbed": {}, "dropped": [], "notes": {}, "drop_notes": {}}
         for o in j.outcomes:
             if o.outcome == "absorbed":
                 hints["absorbed"][o.old] = [o.upstream, o.how]
             elif o.outcome == "dropped":
                 hints["dropped"].append(o.old)
+                hints["drop_notes"][o.old] = o.note
             elif o.note and o.new:
                 hints["notes"][o.new] = o.note
         record = {

@@ -22,6 +22,13 @@ def register(sub):
                    help="with --continue: remove the patch the bump stopped at, on purpose")
     p.add_argument("--no-tests", action="store_true",
                    help="do not re-run the Tests: of patches whose conflicts were resolved")
+    p.add_argument("--mirror", metavar="PATH",
+                   help="with --onto git:URL@ref: fetch URL's objects from this local repository; the pin "
+                        "still records URL")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --onto: forecast the bump in a scratch copy (exit 1 if it would stop)")
+    p.add_argument("--output", help="with --dry-run: write the forecast as Markdown here")
+    p.add_argument("--json", help="with --dry-run: write the forecast as JSON here")
     p.set_defaults(func=_cmd_bump)
 
     p = add_command(sub, "report", help="regenerate REBASE_REPORT.md/.json (last bump, or any two stacks)")
@@ -41,6 +48,25 @@ def _cmd_bump(args, lay):
 
     if args.drop and not args.cont:
         raise RebaseError("--drop goes with --continue")
+    if args.mirror:
+        from tools.rebase.pin import parse_spec
+        from tools.rebase.source import use_mirror
+
+        if not args.onto or parse_spec(args.onto)[0] != "git":
+            raise RebaseError("--mirror goes with --onto git:URL@ref")
+        use_mirror(parse_spec(args.onto)[1], args.mirror)
+    if (args.output or args.json) and not args.dry_run:
+        raise RebaseError("--output and --json go with --dry-run")
+    if args.dry_run:
+        if not args.onto:
+            raise RebaseError("--dry-run goes with --onto SPEC")
+        from tools.rebase import forecast
+
+        data = forecast.forecast(lay, args.onto)
+        forecast.write(data, args.output, args.json)
+        if not args.output:
+            sys.stdout.write(forecast.render(data))
+        return 1 if data["would_stop"] else 0
     try:
         if args.abort:
             bump_abort(lay)

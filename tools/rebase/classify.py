@@ -55,8 +55,15 @@ def _lines(diff: str, prefix: str) -> list:
     return out
 
 
+# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording.
+_COUNTER = re.compile(r"^\s*\[[^\]]*?\b\d+/\d+\]\s*")
+
+
 def _message_core(message: str) -> str:
-    return "\n".join(line.rstrip() for line in message.strip().splitlines())
+    lines = [line.rstrip() for line in message.strip().splitlines()]
+    if lines:
+        lines[0] = _COUNTER.sub("", lines[0])
+    return "\n".join(lines)
 
 
 def interdiff(old, new) -> str:
@@ -156,9 +163,19 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
                 link(i, j)
                 break
     groups = []
+    added_new = [[t for t in toks if t[0] == "+"] for toks in tokens_new]
     for i in range(len(old)):
         if i in o2n or not tokens_old[i]:
             continue
+        # Folded into a new patch: most of its added lines live there (its removed lines may not,
+        # when upstream rewrote them), even if that new patch already pairs with another old one.
+        added = [t for t in tokens_old[i] if t[0] == "+"]
+        if added and new:
+            shares = [overlap(added, a) for a in added_new]
+            best = max(range(len(new)), key=lambda j: (shares[j], -j))
+            if shares[best] * 2 > len(added):
+                groups.append((i, best))
+                continue
         best = max(range(len(new)), key=lambda j: (common.get((i, j), 0), -j), default=None)
         if best is not None and common.get((i, best), 0) >= GROUP_THRESHOLD * len(tokens_old[i]):
             groups.append((i, best))
@@ -248,6 +265,7 @@ def _classify_pair(o, n, reordered: bool) -> Row:
     semantic_same = o.key == n.key
     exact_same = semantic_same and o.patch_id == n.patch_id
     message_same = _message_core(o.message) == _message_core(n.message)
+    counter_only = message_same and o.subject != n.subject
     moved = o.number != n.number
     notes = []
     if not semantic_same:
@@ -275,6 +293,8 @@ def _classify_pair(o, n, reordered: bool) -> Row:
             notes.append("upstream changed the file elsewhere")
     if status != "message-only" and not message_same:
         notes.append("message edited too")
+    if counter_only:
+        notes.append(f"series counter {_counter(o.subject)} -> {_counter(n.subject)}")
     if status not in ("reordered", "renumbered") and (reordered or moved):
         notes.append(f"{'reordered' if reordered else 'renumbered'} #{o.number} -> #{n.number}")
     if status == "reordered" and not exact_same:
@@ -283,6 +303,11 @@ def _classify_pair(o, n, reordered: bool) -> Row:
     if status == "modified":
         row.interdiff = interdiff(o, n)
     return row
+
+
+def _counter(subject: str) -> str:
+    m = _COUNTER.match(subject)
+    return m.group(0).strip() if m else "none"
 
 
 def order_rows(rows: list) -> list:

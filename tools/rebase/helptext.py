@@ -36,11 +36,14 @@ _COMMANDS = {
     "bump": (
         "Move the stack onto a new upstream: replay every patch with 3-way merges and recorded "
         "resolutions, drop absorbed patches, then update the pin, export patches/ and write the "
-        "range-diff review report. Stops on a conflict for you to resolve (--continue, --drop, "
-        "--abort restore everything exactly).",
-        "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, .rebase/.",
+        "range-diff review report. Stops on a conflict (with its upstream causes) or a post-merge "
+        "lint finding for you to resolve (--continue, --drop, --abort restore everything exactly). "
+        "--dry-run forecasts every stop by running the bump in a scratch copy.",
+        "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, .rebase/; "
+        "with --dry-run only --output/--json (and the download cache).",
         "tens of seconds for an sdist bump; a git bump also imports upstream history (longer the "
-        "first time); re-running Tests: of resolved patches adds their test time.",
+        "first time); re-running Tests: of resolved patches adds their test time; a --dry-run onto "
+        "a far upstream, a few minutes.",
     ),
     "report": (
         "Regenerate the review report of the last bump, or compare two stacks (--repo with git "

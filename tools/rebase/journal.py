@@ -25,6 +25,7 @@ from tools.rebase.gitcmd import git, git_proc
 JOURNAL_VERSION = 2
 PHASES = ("replaying", "stopped", "testing", "tests-failed", "finishing")
 OUTCOMES = ("clean", "resolved-recorded", "resolved-manual", "absorbed", "dropped")
+STOP_KINDS = ("conflict", "lint")
 
 
 class CorruptJournal(RebaseError):
@@ -97,20 +98,54 @@ class Outcome:
                f"{where}: upstream/how/note must be text")
 
 
+def _is_dict_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def _check_analysis(a, where: str) -> None:
+    """The shape ``conflicts.analyse`` returns and the stop message and forecast read."""
+    _check(isinstance(a, dict), f"{where} is not an object")
+    for key, kind in (("types", dict), ("files", dict), ("causes", list), ("also", list)):
+        _check(isinstance(a.get(key), kind), f"{where}.{key} is missing or not a{'n object' if kind is dict else ' list'}")
+    _check(all(isinstance(k, str) and isinstance(v, str) for k, v in a["types"].items()),
+           f"{where}.types must map files to conflict types")
+    _check(all(isinstance(v, dict) and isinstance(v.get("type"), str) for v in a["files"].values()),
+           f"{where}.files must map files to objects with a type")
+    for key in ("causes", "also"):
+        _check(_is_dict_list(a[key]) and all(_is_sha(c.get("commit")) and isinstance(c.get("subject"), str)
+                                              for c in a[key]),
+               f"{where}.{key} must be a list of upstream commits with subjects")
+    for key in ("stack_context", "old_context"):
+        _check(key not in a or (_is_str_list(a[key]) and all(map(_is_sha, a[key]))),
+               f"{where}.{key} must be a list of commit ids")
+
+
 @dataclass
 class StopInfo:
-    """Where the bump waits for the maintainer: a conflicting patch."""
+    """Where the bump waits for the maintainer: a conflicting patch (``kind`` "conflict", with the
+    ``conflicts.analyse`` result) or a clean merge that broke a Python file ("lint"). ``findings``
+    are the post-merge lint's (``lint.Finding.to_json``). Journals written before these fields
+    existed load with the defaults."""
 
     index: int
     files: list
     rerere_ids: list
     upstream: list
+    kind: str = "conflict"
+    analysis: dict | None = None
+    findings: list = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         _check(isinstance(self.index, int) and self.index >= 0, f"{where}.index is not a patch index")
         _check(_is_str_list(self.files) and _is_str_list(self.rerere_ids), f"{where}: files/rerere_ids must be text lists")
-        _check(isinstance(self.upstream, list) and all(isinstance(u, dict) for u in self.upstream),
-               f"{where}.upstream must be a list of objects")
+        _check(_is_dict_list(self.upstream), f"{where}.upstream must be a list of objects")
+        _check(self.kind in STOP_KINDS, f"{where}.kind {self.kind!r} is not one of {', '.join(STOP_KINDS)}")
+        if self.analysis is not None:
+            _check_analysis(self.analysis, f"{where}.analysis")
+        _check(_is_dict_list(self.findings) and all(isinstance(f.get("message"), str) for f in self.findings),
+               f"{where}.findings must be a list of lint findings (objects with a message)")
+        _check(self.kind != "lint" or (self.findings and self.analysis is None),
+               f"{where}: a lint stop carries its findings and no conflict analysis")
 
 
 @dataclass

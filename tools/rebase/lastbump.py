@@ -56,7 +56,7 @@ def _absorbed_how(note: str, upstream: str, new_label: str) -> str:
 
 def bump_facts(data: dict):
     """``(hints, tests)`` of ``build_report`` recovered from a report's rows."""
-    hints = {"absorbed": {}, "dropped": [], "notes": {}}
+    hints = {"absorbed": {}, "dropped": [], "notes": {}, "drop_notes": {}}
     tests = {}
     new_label = data["new"]["base"].get("label", "")
     for row in data["mapping"]:
@@ -64,10 +64,12 @@ def bump_facts(data: dict):
         if row["status"] == "absorbed" and row["old"]:
             upstream = row.get("upstream_commit", "")
             hints["absorbed"][row["old"][0]["commit"]] = [upstream, _absorbed_how(note, upstream, new_label)]
-        elif row["status"] == "dropped" and row["old"] and note == DROPPED_NOTE:
+        elif row["status"] == "dropped" and row["old"] and note.split("; ")[0] == DROPPED_NOTE:
             hints["dropped"].append(row["old"][0]["commit"])
-        for extra in BUMP_NOTES:
-            if row["new"] and note.split("; ")[-1] == extra:
+            if note != DROPPED_NOTE:  # the bump's drop note: dependents and orphaned tests
+                hints["drop_notes"][row["old"][0]["commit"]] = note
+        for extra in BUMP_NOTES:  # partial-absorption notes may follow the bump's own
+            if row["new"] and extra in note.split("; "):
                 hints["notes"][row["new"][-1]["commit"]] = extra
         if row.get("tests") and row["new"]:
             tests[row["new"][0]["commit"]] = dict(row["tests"])

@@ -41,6 +41,9 @@ def _tests_cell(entry) -> str:
     if not results:
         return "—"
     outcomes = list(results.values())
+    cannot = [o for o in outcomes if o.startswith("could not run")]
+    if cannot:
+        return f"could not run ({len(cannot)}/{len(outcomes)}): {cannot[0].partition(': ')[2]}"
     bad = sum(1 for o in outcomes if o not in ("passed", "skipped"))
     skipped = outcomes.count("skipped")
     if bad:
@@ -64,11 +67,15 @@ def render_markdown(data: dict) -> str:
     shown = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
     out.append(f"- Statuses: {shown or 'no patches'}")
     churn = data["upstream_churn"]
-    if "files_changed_upstream" in churn:
+    if "package_changes" in churn:
         touched = len(churn["entries"])
         what = (f"{touched} upstream commits touch files the stack touches" if churn["kind"] == "commits"
-                else f"{touched} of them are files the stack touches")
-        out.append(f"- Upstream: {churn['files_changed_upstream']} files changed between the bases; {what}")
+                else f"{touched} files the stack touches changed")
+        pc = churn["package_changes"]
+        out.append(f"- Upstream, package `megatron/` only: {pc['added']} files added, {pc['modified']} modified, "
+                   f"{pc['deleted']} deleted between the bases; {what}")
+    for warning in data.get("warnings", []):
+        out.append(f"- **Warning**: {warning}")
     out += ["", "## Review focus", ""]
     review = data.get("review", [])
     if review:

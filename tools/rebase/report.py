@@ -7,6 +7,7 @@ byte-identical files.
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +16,9 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase import absorption
+from tools.rebase.basecompare import downgrade_warnings, package_changes
+from tools.rebase.review import review_focus
 
 SCHEMA = "fork-rebase-report/1"
 CHURN_DIFF_LINES = 120  # per file, in the sdist churn section
@@ -142,9 +146,20 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                 "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
             },
         }
+        if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
+            entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
+        if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
+            parts = absorption.partial(repo, row.old[0], row.new[0], upstream)  # where the missing part went
+            if parts:
+                entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
+                entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
+        pieces = absorption.pieces(row.old[0], upstream) if row.status == "absorbed" and upstream else []
+        if pieces:  # no single commit carries all of it
+            entry["upstream_commits"] = pieces
+            entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
         if row.upstream:
             entry["upstream_commit"] = row.upstream
-        elif row.status == "absorbed":  # no history to search (sdist): say where it went
+        elif row.status == "absorbed" and not pieces:  # no history to search (sdist): say where it went
             entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
         named = row.new or row.old
         entry["patch_name"] = named[0].name if named else ""
@@ -171,9 +186,17 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     elif old_base != new_base:
         out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
             if stack_files else ""
+        paths = [line.split("\t", 2)[2] for line in out.splitlines()]
+        whole = git("diff", "--no-renames", "-U2", old_base, new_base, "--", *paths, cwd=repo) if paths else ""
+        per_file = {}  # one git call, split per file
+        for chunk in re.split(r"(?m)^(?=diff --git )", whole):
+            if chunk.startswith("diff --git "):
+                per_file[chunk.split("\n", 1)[0][len("diff --git "):]] = chunk
         for line in out.splitlines():
             added, removed, path = line.split("\t", 2)
-            diff = git("diff", "--no-renames", "-U2", old_base, new_base, "--", path, cwd=repo)
+            diff = per_file.get(f"a/{path} b/{path}", "")
+            if not diff:
+                diff = git("diff", "--no-renames", "-U2", old_base, new_base, "--", path, cwd=repo)
             lines = diff.splitlines()
             if len(lines) > CHURN_DIFF_LINES:
                 lines = lines[:CHURN_DIFF_LINES] + [f"... ({len(diff.splitlines()) - CHURN_DIFF_LINES} more lines)"]
@@ -181,9 +204,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                                      "patches": _numbers_touching(touching, [path]),
                                      "diff": "\n".join(lines)})
     if old_base != new_base:
-        churn["files_changed_upstream"] = len(
-            git("diff", "--name-only", "--no-renames", old_base, new_base, cwd=repo).split())
-    review = _review_focus(mapping, churn)
+        churn["package_changes"] = package_changes(repo, old_base, new_base)
+    review = review_focus(mapping, churn)
 
     return {
         "schema": SCHEMA,
@@ -193,6 +215,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "mapping": mapping,
         "upstream_churn": churn,
         "review": review,
+        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin) if old_base != new_base else [],
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
@@ -208,33 +231,6 @@ def _patches_by_file(commits: list) -> dict:
 
 def _numbers_touching(touching: dict, paths) -> list:
     return sorted(set().union(*(touching.get(p, set()) for p in paths))) if paths else []
-
-
-def _review_focus(mapping: list, churn: dict) -> list:
-    """What a reviewer should read first, one line each, in stack order.
-
-    Text-level statuses miss semantic interactions: a patch that re-applied unchanged next to an
-    upstream change in the same file still deserves a look, so those are listed too.
-    """
-    files_of = {}
-    for e in churn["entries"]:
-        for n in e.get("patches", []):
-            files_of.setdefault(n, set()).update(e["files"] if "files" in e else [e["file"]])
-    focus = []
-    for e in mapping:
-        number = (e["new_numbers"] or e["old_numbers"] or [0])[0]
-        label = f"#{number} {e.get('patch_name') or (e['new'] or e['old'])[0]['subject']}"
-        changed = files_of.get(e["new_numbers"][0]) if e["new_numbers"] else None
-        upstream_note = ""
-        if changed:
-            files = ", ".join(f"`{f}`" for f in sorted(changed))
-            upstream_note = f"upstream changed {files}, which it also touches: check the interaction"
-        if e["status"] not in ("identical", "renumbered", "message-only"):
-            why = f"{e['status']}: {e['note']}" if e["note"] else e["status"]
-            focus.append({"patch": label, "why": f"{why}; {upstream_note}" if upstream_note else why})
-        elif upstream_note:
-            focus.append({"patch": label, "why": f"{e['status']}, but {upstream_note}"})
-    return focus
 
 
 def dumps(data: dict) -> str:

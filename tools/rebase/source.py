@@ -233,16 +233,57 @@ def _git_cache(cache: Path, url: str) -> Path:
     return repo
 
 
+# Canonical URL -> local git repository holding its objects (``bump --mirror PATH``): objects are
+# fetched from the mirror, while pins, reports and cache keys keep the canonical URL.
+MIRRORS = {}
+
+
+def use_mirror(url: str, path) -> None:
+    """Fetch ``url``'s objects from the local repository ``path`` in this process."""
+    local = Path(path).expanduser()
+    if not local.is_dir() or git_proc("rev-parse", "--git-dir", cwd=local).returncode != 0:
+        raise RebaseError(f"--mirror {path}: not a git repository")
+    MIRRORS[url] = str(local.resolve())
+
+
+def _local_objects(url: str) -> str:
+    """The object directory of ``url`` when it is a local repository (a mirror or a path), else ""."""
+    local = _local_url(url)
+    if not Path(local).is_dir():
+        return ""
+    proc = git_proc("rev-parse", "--absolute-git-dir", cwd=local)
+    if proc.returncode != 0:
+        return ""
+    objects = Path(proc.stdout.strip()) / "objects"
+    return str(objects) if objects.is_dir() else ""
+
+
+def _borrow(git_dir: Path, objects: str) -> None:
+    """Let the repository at ``git_dir`` read ``objects`` in place (git alternates): importing a
+    local upstream's history then copies nothing. The local repository must stay where it is."""
+    if not objects:
+        return
+    info = git_dir / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    alternates = info / "alternates"
+    lines = alternates.read_text().splitlines() if alternates.is_file() else []
+    if objects not in lines:
+        alternates.write_text("".join(f"{line}\n" for line in [*lines, objects]))
+
+
 def _local_url(url: str) -> str:
+    if url in MIRRORS:
+        return MIRRORS[url]
     path = Path(url).expanduser()
     return str(path.resolve()) if path.exists() else url
 
 
 def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     """Fetch ``ref`` from ``url`` into the cache mirror and return its full commit id."""
-    mirror = _git_cache(cache, url)
     names.git_url(url, "git source")
     names.git_ref(ref, f"git source {url}")
+    mirror = _git_cache(cache, url)
+    _borrow(mirror, _local_objects(url))
     proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
     if proc.returncode != 0:
         raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
@@ -256,9 +297,12 @@ def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
 def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
     """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists."""
     if not rev_parse(work, commit):
+        names.git_url(url, "git source")
         mirror = _git_cache(cache, url)
+        local_objects = _local_objects(url)
+        _borrow(mirror, local_objects)
+        _borrow(work / ".git", local_objects)
         if not rev_parse(mirror, commit):
-            names.git_url(url, "git source")
             proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
             if proc.returncode != 0 or not rev_parse(mirror, commit):
                 raise RebaseError(
