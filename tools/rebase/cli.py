@@ -45,6 +45,23 @@ def _cmd_list(args, lay):
     return 0
 
 
+def _cmd_prove(args, lay):
+    from tools.rebase.prove import UNPROVEN, prove, table, write_record
+
+    proofs = prove(lay, args.patches)
+    sys.stdout.write(table(proofs))
+    if args.record:
+        from tools.rebase.listing import update_readme
+
+        print(f"wrote {write_record(lay, proofs)}")
+        print("README.md updated" if update_readme(lay) else "README.md already current")
+    unproven = [p.name for p in proofs if p.verdict == UNPROVEN]
+    if unproven:
+        print(f"prove: {len(unproven)} unproven patch(es): {', '.join(unproven)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__)
     parser.add_argument("-C", dest="directory", help="run as if started in this directory")
@@ -59,6 +76,11 @@ def build_parser():
     p = sub.add_parser("list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
     p.set_defaults(func=_cmd_list)
+    p = sub.add_parser("prove", help="require each patch's Tests: to fail on the stack without it")
+    p.add_argument("patches", nargs="*", metavar="PATCH", help="Patch-Name, file name or number (default: all)")
+    p.add_argument("--record", action="store_true",
+                   help="write patches/proof.json (the README's verdict column); needs every patch")
+    p.set_defaults(func=_cmd_prove)
     register_bump_and_report(sub)  # they live in bump_cli.py
     return parser
 
