@@ -131,3 +131,17 @@ def assert_same(upstream: dict, fork: dict, label: str = "scenario") -> None:
                 problems.append(why)
     assert not problems, f"{label}: the fork (flags off) differs from pristine upstream:\n  " + \
         "\n  ".join(problems[:20])
+
+
+MOE = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_token_dispatcher_type": "allgather"}
+MTP = {"mtp_num_layers": 1}
+
+
+def gpt_spec(name: str, **config) -> dict:
+    """A ``gpt`` scenario (tests/unit_tests/upstream_scenarios.py) with upstream config fields."""
+    return {"scenario": "gpt", "name": name, "config": config}
+
+
+# The shapes most parity tests need; sharing them lets the session reuse upstream's results.
+DENSE_MTP = gpt_spec("dense+MTP", **MTP)
+MOE_MTP = gpt_spec("MoE+MTP", **MOE, **MTP)

@@ -48,6 +48,8 @@ def _cmd_list(args, lay):
 def _cmd_prove(args, lay):
     from tools.rebase.prove import UNPROVEN, prove, table, write_record
 
+    if args.record and args.patches:
+        raise RebaseError("--record proves every patch of the series; leave out the patch names")
     proofs = prove(lay, args.patches)
     sys.stdout.write(table(proofs))
     if args.record:

@@ -30,6 +30,7 @@ PROOF_FILE = "proof.json"
 PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
 # What the run directory needs from the checkout besides the scratch megatron/.
 _RUN_COPIES = ("tests", "tools", "pytest.ini", "upstream.toml")
+_PLUGIN = "_fork_prove_report"  # tools/rebase/prove_report.py, copied into the run directory
 
 
 @dataclass
@@ -101,7 +102,8 @@ def run_tests(run: Path, node_ids: list) -> dict:
     env = dict(os.environ, FORK_PROVE_REPORT=str(report_file), PYTHONPATH=str(run),
                PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tools.rebase.prove_report",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
+         "--continue-on-collection-errors",
          "--rootdir", str(run), *node_ids],
         cwd=run, env=env, capture_output=True, text=True,
     )
@@ -139,6 +141,7 @@ def _prepare_run_dir(layout, run: Path) -> None:
             shutil.copytree(src, run / name, ignore=ignore)
         elif src.is_file():
             shutil.copy2(src, run / name)
+    shutil.copy2(Path(__file__).with_name("prove_report.py"), run / f"{_PLUGIN}.py")
     if layout.cache.is_dir():  # tests that need the pinned sdist (the upstream oracle) find it here
         (run / ".rebase").mkdir()
         (run / ".rebase" / "cache").symlink_to(layout.cache.resolve(), target_is_directory=True)
