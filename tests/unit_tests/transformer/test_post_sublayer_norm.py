@@ -9,7 +9,6 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_layer import TransformerLayer
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
     causal_batch,
