@@ -129,3 +129,14 @@ def test_record_feeds_the_readme_and_check_catches_a_stale_record(fork):
 def test_record_needs_every_patch(fork):
     assert main(["-C", str(fork.root), "prove", "--record", "alpha-seventy"]) == 2
     assert not (fork.layout.patches / "proof.json").exists()
+
+
+def test_a_tests_id_naming_no_test_is_reported_not_fatal(fork):
+    # One stale id must not stop the patch's other tests from running.
+    (fork.root / "tests/test_alpha.py").write_text(
+        TESTS["tests/test_alpha.py"].replace("def test_seventy_one", "def test_renamed"))
+    (proof,) = prove(fork.layout, ["alpha-seventy-one"], log=quiet)
+    assert proof.missing == ["tests/test_alpha.py::test_seventy_one"]
+    assert proof.verdict == "unproven"
+    (proof,) = prove(fork.layout, ["alpha-seventy"], log=quiet)
+    assert (proof.verdict, proof.failed, proof.missing) == ("proven", 1, [])

@@ -1,6 +1,7 @@
 """Thin command-line layer over the library; works from any directory of the checkout."""
 
 import argparse
+import signal
 import sys
 
 from tools.rebase.bump_cli import register as register_bump_and_report
@@ -50,7 +51,12 @@ def _cmd_prove(args, lay):
 
     if args.record and args.patches:
         raise RebaseError("--record proves every patch of the series; leave out the patch names")
-    proofs = prove(lay, args.patches)
+    # A terminated run still removes its scratch directories (and kills its pytest child).
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        proofs = prove(lay, args.patches)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.stdout.write(table(proofs))
     if args.record:
         from tools.rebase.listing import update_readme
