@@ -140,3 +140,27 @@ def test_a_tests_id_naming_no_test_is_reported_not_fatal(fork):
     assert proof.verdict == "unproven"
     (proof,) = prove(fork.layout, ["alpha-seventy"], log=quiet)
     assert (proof.verdict, proof.failed, proof.missing) == ("proven", 1, [])
+
+
+def test_a_test_file_that_does_not_import_fails_without_hiding_the_others(fork):
+    # beta-extra's Tests: now name a file importing what only the patch adds, plus a passing test.
+    (fork.root / "tests/test_beta_extra.py").write_text(
+        "from megatron.core.beta import BETA_EXTRA\n\n\ndef test_extra():\n    assert BETA_EXTRA == 1\n")
+    outcomes = run_tests_without(fork, "beta-extra", ["tests/test_beta_extra.py::test_extra",
+                                                      "tests/test_beta.py::test_beta_zero"])
+    assert outcomes == {"tests/test_beta_extra.py::test_extra": "failed",
+                        "tests/test_beta.py::test_beta_zero": "passed"}
+
+
+def run_tests_without(fork, name, node_ids):
+    """The outcomes ``prove`` sees for ``node_ids`` on the stack without patch ``name``."""
+    from tools.rebase import prove as prove_module
+
+    seen = {}
+
+    def runner(run, ids):
+        seen.update(prove_module.run_tests(run, node_ids))
+        return {i: seen.get(i, "passed") for i in ids}
+
+    prove(fork.layout, [name], log=quiet, runner=runner)
+    return seen

@@ -96,21 +96,39 @@ def outcomes_for(node_ids: list, report: dict) -> dict:
     return out
 
 
-def run_tests(run: Path, node_ids: list) -> dict:
-    """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack)."""
+def _pytest_once(run: Path, node_ids: list) -> dict:
     report_file = run / ".prove-report.json"
     report_file.unlink(missing_ok=True)
     env = dict(os.environ, FORK_PROVE_REPORT=str(report_file), PYTHONPATH=str(run),
                PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
-         "--continue-on-collection-errors",
-         "--rootdir", str(run), *node_ids],
+         "--continue-on-collection-errors", "--rootdir", str(run), *node_ids],
         cwd=run, env=env, capture_output=True, text=True,
     )
     if not report_file.is_file():
         raise RebaseError(f"pytest wrote no report (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
-    return outcomes_for(node_ids, json.loads(report_file.read_text()))
+    return json.loads(report_file.read_text())
+
+
+def run_tests(run: Path, node_ids: list) -> dict:
+    """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack).
+
+    A node id inside a file that fails to import makes pytest stop before running anything, so
+    the ids of the files that did import are run again on their own (one more process).
+    """
+    report = {"outcomes": {}, "collect_errors": []}
+    remaining = list(node_ids)
+    while remaining:
+        once = _pytest_once(run, remaining)
+        report["outcomes"].update(once["outcomes"])
+        report["collect_errors"] += once["collect_errors"]
+        left = [n for n in remaining
+                if outcomes_for([n], report)[n] == "not found"]
+        if not once["collect_errors"] or len(left) == len(remaining):
+            break
+        remaining = left
+    return outcomes_for(node_ids, report)
 
 
 def _scratch_repo(layout, pin, tmp: Path) -> tuple:
