@@ -85,6 +85,8 @@ def test_verdicts_dropped_dependents_and_untouched_checkout(fork):
     assert proofs["alpha-seventy"].dropped == ["alpha-seventy-one"]
     assert (proofs["alpha-seventy"].tests, proofs["alpha-seventy"].failed) == (1, 1)
     assert (proofs["beta-extra"].tests, proofs["beta-extra"].failed) == (1, 0)
+    assert proofs["beta-extra"].passing == ["tests/test_beta.py::test_beta_zero"]
+    assert proofs["alpha-seventy"].passing == []
     assert all(not p.dropped for n, p in proofs.items() if n != "alpha-seventy")
     after = fork.snapshot(), _tree_digest(fork.root / "megatron"), _tree_digest(fork.work / ".git")
     assert after == before, "prove must not touch the checkout, its megatron/ or its work repo"

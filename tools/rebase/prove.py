@@ -41,6 +41,7 @@ class Proof:
     failed: int = 0  # node ids that failed or errored on the stack without the patch
     skipped: int = 0  # node ids skipped there (GPU-only on a CPU machine)
     missing: list = field(default_factory=list)  # node ids pytest did not find
+    passing: list = field(default_factory=list)  # node ids that pass without the patch (prove nothing)
     dropped: list = field(default_factory=list)  # later patches that need this one
     verdict: str = UNPROVEN
 
@@ -220,6 +221,7 @@ def prove(layout, wanted=None, log=print, runner=None) -> list:
                 materialize(repo, run / "megatron", version, force=True)
                 outcomes.update(runner(run, present))
             proof.verdict, proof.failed, proof.skipped, proof.missing = verdict_for(outcomes)
+            proof.passing = [t for t in patch.tests if outcomes.get(t) == "passed"]
             log(f"prove: {index + 1:04d} {patch.name}: {proof.verdict} "
                 f"({proof.failed}/{proof.tests} failed without it)" + (f"; {proof.note}" if proof.note else ""))
             proofs.append(proof)
