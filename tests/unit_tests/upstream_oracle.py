@@ -89,8 +89,11 @@ def run_in_subprocess(tree: Path, specs: list) -> list:
             "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
             f"from {SCENARIOS} import main; main(sys.argv[3], sys.argv[4])"
         )
+        # No flag may leak in by environment, nor the rendezvous of this process's own group
+        # (a test that initialized torch.distributed holds MASTER_PORT).
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OPEN_TRAINING_", "PYTHON"))}  # no flag may leak in by env
+               if not k.startswith(("OPEN_TRAINING_", "PYTHON"))
+               and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
         proc = subprocess.run(
             [sys.executable, "-c", code, str(tree), str(ROOT), json.dumps(specs), str(out)],
             cwd=tmp, env=env, capture_output=True, text=True,
