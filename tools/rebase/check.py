@@ -104,6 +104,11 @@ def check(layout, log=print) -> list:
     if not problems:
         log("fresh export is byte-identical")
     from tools.rebase.listing import readme_is_stale
+    from tools.rebase.prove import read_record
+
+    _, stale_proof = read_record(layout)
+    if stale_proof:
+        problems.append(stale_proof)
 
     if readme_is_stale(layout):
         problems.append("README.md: the patch table is stale; run python -m tools.rebase list --update-readme")

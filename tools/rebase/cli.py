@@ -1,6 +1,7 @@
 """Thin command-line layer over the library; works from any directory of the checkout."""
 
 import argparse
+import signal
 import sys
 
 from tools.rebase.bump_cli import register as register_bump_and_report
@@ -52,6 +53,30 @@ def _cmd_list(args, lay):
     return 0
 
 
+def _cmd_prove(args, lay):
+    from tools.rebase.prove import UNPROVEN, prove, table, write_record
+
+    if args.record and args.patches:
+        raise RebaseError("--record proves every patch of the series; leave out the patch names")
+    # A terminated run still removes its scratch directories (and kills its pytest child).
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        proofs = prove(lay, args.patches)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stdout.write(table(proofs))
+    if args.record:
+        from tools.rebase.listing import update_readme
+
+        print(f"wrote {write_record(lay, proofs)}")
+        print("README.md updated" if update_readme(lay) else "README.md already current")
+    unproven = [p.name for p in proofs if p.verdict == UNPROVEN]
+    if unproven:
+        print(f"prove: {len(unproven)} unproven patch(es): {', '.join(unproven)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__)
     parser.add_argument("-C", dest="directory", help="run as if started in this directory")
@@ -69,6 +94,11 @@ def build_parser():
     p = add_command(sub, "list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
     p.set_defaults(func=_cmd_list)
+    p = sub.add_parser("prove", help="require each patch's Tests: to fail on the stack without it")
+    p.add_argument("patches", nargs="*", metavar="PATCH", help="Patch-Name, file name or number (default: all)")
+    p.add_argument("--record", action="store_true",
+                   help="write patches/proof.json (the README's verdict column); needs every patch")
+    p.set_defaults(func=_cmd_prove)
     register_bump_and_report(sub)  # they live in bump_cli.py
     return parser
 

@@ -20,19 +20,31 @@ def _tests_cell(node_ids) -> str:
     return "<br>".join(f"`{path}` ({n})" for path, n in per_file.items())
 
 
+def _proof_cell(entry) -> str:
+    """The ``prove`` verdict recorded in patches/proof.json for this exact stack."""
+    if entry is None:
+        return "not recorded"
+    if entry["verdict"] == "proven":
+        return f"proven ({entry['failed']}/{entry['tests']} fail without it)"
+    return entry["verdict"]
+
+
 def patch_table(layout) -> str:
+    from tools.rebase.prove import read_record
+
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
+    proofs, _ = read_record(layout)
     rows = [
         f"Base: `{pin.display}`\n",
-        "| # | Patch | What it does | Upstream-Status | Tests |",
-        "|---|---|---|---|---|",
+        "| # | Patch | What it does | Upstream-Status | Tests | Proof |",
+        "|---|---|---|---|---|---|",
     ]
     for number, patch in enumerate(patches, start=1):
         tests = _tests_cell(patch.tests)
         rows.append(
             f"| {number:04d} | `{patch.name}` | {_cell(patch.subject)} | "
-            f"{_cell(patch.upstream_status)} | {tests} |"
+            f"{_cell(patch.upstream_status)} | {tests} | {_proof_cell(proofs.get(patch.name))} |"
         )
     return "\n".join(rows) + "\n"
 
