@@ -5,13 +5,6 @@ the formulas in float64; every layer option the mHC forward would bypass is supp
 The MTP multistream contract has its own file (``test_mhc_multistream.py``).
 """
 
-import glob
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +14,6 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_mtp_block_spec,
 )
-from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.hyper_connection import (
     HyperConnection,
     HyperConnectionHead,
@@ -40,7 +32,6 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
 from tests.unit_tests.test_utilities import Utils, run_distributed
 
 N = 2
-REPO = Path(__file__).resolve().parents[3]
 
 
 def mhc_config(**overrides):
@@ -503,78 +494,6 @@ class TestFullRecompute:
         assert g0.keys() == g1.keys() and len(g0) == len(list(plain.parameters()))
         for name in g0:
             torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-6, msg=name)
-
-
-_FLAG_OFF_SCRIPT = textwrap.dedent(
-    """
-    import sys, torch
-    from tests.unit_tests import cpu_compat
-    cpu_compat.install()
-    import megatron.core
-    assert megatron.core.__file__.startswith(sys.argv[1]), megatron.core.__file__
-    from tests.unit_tests.test_utilities import Utils
-    from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
-        build_gpt, causal_batch, tiny_moe_mtp_config)
-    Utils.initialize_model_parallel(1, 1)
-    torch.manual_seed(7)
-    model = build_gpt(tiny_moe_mtp_config(hidden_dropout=0.0, attention_dropout=0.0))
-    tokens, position_ids, mask = causal_batch()
-    loss = model(tokens, position_ids, mask, labels=tokens)
-    loss.mean().backward()
-    model.eval()
-    with torch.no_grad():
-        logits = model(tokens, position_ids, mask)
-    torch.save(dict(state={k: v for k, v in model.state_dict().items() if torch.is_tensor(v)},
-                    loss=loss.detach(), logits=logits,
-                    grads={n: p.grad for n, p in model.named_parameters()}), sys.argv[2])
-    Utils.destroy_model_parallel()
-    Utils.destroy_process_group()
-    """
-)
-
-
-def _run_flag_off(root, out):
-    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{REPO}")
-    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(var, None)  # the child starts its own single-rank group
-    proc = subprocess.run(
-        [sys.executable, "-c", _FLAG_OFF_SCRIPT, str(root), str(out)],
-        env=env, cwd=str(out.parent), capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
-
-
-class TestFlagOffEqualsUnpatched:
-    def test_state_dict_and_outputs_equal_the_unpatched_model(self, tmp_path):
-        import megatron.core
-
-        patched_root = Path(megatron.core.__file__).resolve().parents[2]
-        patches = glob.glob(str(REPO / "patches" / "*-mhc-hyper-connections.patch"))
-        assert len(patches) == 1, patches
-        unpatched_root = tmp_path / "unpatched"
-        shutil.copytree(
-            patched_root / "megatron",
-            unpatched_root / "megatron",
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-        reverse = subprocess.run(
-            ["git", "apply", "-R", "-C0", "-p1", patches[0]],
-            cwd=unpatched_root, capture_output=True, text=True,
-        )
-        assert reverse.returncode == 0, f"could not reverse the mHC patch: {reverse.stderr}"
-        assert not (unpatched_root / "megatron/core/transformer/hyper_connection.py").exists()
-
-        ours = _run_flag_off(patched_root, tmp_path / "patched.pt")
-        theirs = _run_flag_off(unpatched_root, tmp_path / "unpatched.pt")
-        assert ours["state"].keys() == theirs["state"].keys()
-        for key in ours["state"]:
-            assert torch.equal(ours["state"][key], theirs["state"][key]), key
-        assert torch.equal(ours["loss"], theirs["loss"])
-        assert torch.equal(ours["logits"], theirs["logits"])
-        assert ours["grads"].keys() == theirs["grads"].keys()
-        for key in ours["grads"]:
-            assert torch.equal(ours["grads"][key], theirs["grads"][key]), key
 
 
 def _pipeline_parallel_two_stages(rank, world_size):
