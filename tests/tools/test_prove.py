@@ -166,3 +166,26 @@ def run_tests_without(fork, name, node_ids):
 
     prove(fork.layout, [name], log=quiet, runner=runner)
     return seen
+
+
+def test_later_patch_that_imports_the_proven_ones_module_is_dropped_too(tmp_path, monkeypatch):
+    # Without "extra-module", "init-imports-extra" still applies (another file) but megatron.core
+    # no longer imports, and the conftest that imports it would stop every test: prove must drop
+    # the later patch as well, say so, and still run the proven patch's tests.
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    fork = make_fork(tmp_path, files=UPSTREAM)
+    (fork.root / "tests" / "conftest.py").write_text("import megatron.core  # noqa: F401\n")
+    (fork.root / "tests" / "test_extra.py").write_text(
+        "def test_extra_value():\n    from megatron.core.extra import VALUE\n    assert VALUE == 5\n")
+    fork.stack([
+        ("extra-module", {"megatron/core/extra.py": "VALUE = 5\n"}, None, "Why.",
+         "tests/test_extra.py::test_extra_value"),
+        ("init-imports-extra", {"megatron/core/__init__.py": "from megatron.core.extra import VALUE\n"},
+         None, "Why.", "tests/test_extra.py::test_extra_value"),
+    ])
+    (proof,) = prove(fork.layout, ["extra-module"], log=quiet)
+    assert proof.verdict == "proven"
+    assert proof.dropped == ["init-imports-extra"]

@@ -10,6 +10,7 @@ with ``--record``; scratch directories are always removed.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -167,18 +168,61 @@ def _prepare_run_dir(layout, run: Path) -> None:
         (run / ".rebase" / "cache").symlink_to(layout.cache.resolve(), target_is_directory=True)
 
 
-def _build_without(repo: Path, start: str, later: list) -> tuple:
-    """Check out ``start`` and apply ``later`` on it; return (kept names, dropped names)."""
+def _build_without(repo: Path, start: str, later: list, skip=frozenset()) -> tuple:
+    """Check out ``start`` and apply ``later`` on it (but those named in ``skip``); return
+    (kept names, dropped names)."""
     git("checkout", "-q", "-f", "--detach", start, cwd=repo)
     git("clean", "-q", "-fdx", cwd=repo)
     kept, dropped = [], []
     for patch in later:
+        if patch.name in skip:
+            dropped.append(patch.name)
+            continue
         try:
             am_one(repo, patch.path.resolve(), three_way=True)
             kept.append(patch.name)
         except RebaseError:
             dropped.append(patch.name)
     return kept, dropped
+
+
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/", re.M)
+_FRAME = re.compile(r'^\s*(?:File "[^"]*?/)?(megatron/[^":]+\.py)"?(?:, line |:)\d+', re.M)
+
+
+def _touched_files(patch) -> set:
+    return set(_DIFF_HEADER.findall(patch.path.read_text(errors="replace")))
+
+
+def _import_failure(run: Path):
+    """The megatron file where ``import megatron.core`` fails in ``run`` (None when it imports).
+
+    A later patch can apply cleanly without the one being proven and still import a module only
+    that one adds; then nothing can be tested until that later patch is dropped too."""
+    env = dict(os.environ, PYTHONPATH=str(run), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    frames = _FRAME.findall(proc.stderr)
+    return frames[-1] if frames else "megatron (python -c 'import megatron.core' fails)"
+
+
+def _build_importable(repo: Path, run: Path, start: str, later: list, version: str) -> list:
+    """Build without the proven patch, then drop the later patches that keep the tree from
+    importing (the ones touching the file where the import fails), until it imports; return the
+    dropped names."""
+    skip = set()
+    while True:
+        kept, dropped = _build_without(repo, start, later, frozenset(skip))
+        materialize(repo, run / "megatron", version, force=True)
+        broken = _import_failure(run)
+        if broken is None:
+            return dropped
+        culprits = {p.name for p in later if p.name in kept and broken in _touched_files(p)}
+        if not culprits:
+            return dropped + [f"(megatron does not import: {broken})"]
+        skip |= culprits
 
 
 def select(patches: list, wanted) -> list:
@@ -212,13 +256,12 @@ def prove(layout, wanted=None, log=print, runner=None) -> list:
             patch = patches[index]
             proof = Proof(patch.name, tests=len(patch.tests))
             start = commits[index - 1] if index else base
-            _, proof.dropped = _build_without(repo, start, patches[index + 1:])
+            version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.without.{index + 1:04d}"
+            proof.dropped = _build_importable(repo, run, start, patches[index + 1:], version)
             # A node id that names no test would abort the whole pytest run: report it instead.
             present = [t for t in patch.tests if missing_test(run, t) is None]
             outcomes = {t: "not found" for t in patch.tests if t not in present}
             if present:
-                version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.without.{index + 1:04d}"
-                materialize(repo, run / "megatron", version, force=True)
                 outcomes.update(runner(run, present))
             proof.verdict, proof.failed, proof.skipped, proof.missing = verdict_for(outcomes)
             proof.passing = [t for t in patch.tests if outcomes.get(t) == "passed"]
