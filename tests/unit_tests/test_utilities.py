@@ -67,11 +67,27 @@ class Utils:
         from megatron.core import parallel_state as ps
 
         ps.destroy_model_parallel()
+        _destroy_subgroups()
 
     @staticmethod
     def destroy_process_group():
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _destroy_subgroups():
+    """Destroy every process group but the default one.
+
+    ``parallel_state.destroy_model_parallel`` forgets its groups without destroying them. On gloo
+    each live group keeps three threads polling, and a suite that sets up model parallelism per
+    test leaves thousands of them: the machine slows to a crawl.
+    """
+    if not dist.is_initialized():
+        return
+    world = dist.group.WORLD
+    for group in list(dist.distributed_c10d._world.pg_map):
+        if group is not world:
+            dist.destroy_process_group(group)
 
 
 def _child(rank, world_size, port, fn, args, error_dir):
