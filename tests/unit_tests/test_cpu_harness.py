@@ -4,6 +4,7 @@ Each case runs in a fresh interpreter: the test session itself already installed
 CUDA stand-ins (tests/unit_tests/cpu_compat.py), which would hide what the shipped helper does.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,9 @@ def train_step():
 
 def run_script(body: str) -> subprocess.CompletedProcess:
     script = TRAIN_ONE_STEP + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+    # A fresh process, as a user's script: without the test session's rendezvous variables.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
 
 

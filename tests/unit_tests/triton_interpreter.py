@@ -20,7 +20,10 @@ def assert_interpreter_suite_passes(test_file: str, class_name: str, timeout: in
     """Run ``test_file::class_name`` with ``TRITON_INTERPRET=1`` and no GPU; fail on anything but
     every case passing (a skipped or deselected case means the interpreter run proved nothing)."""
     target = f"{Path(test_file).resolve()}::{class_name}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # The child starts its own process group: the parent's rendezvous variables name a port the
+    # parent's store already listens on.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     child = subprocess.run(
         [sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-W", "ignore"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,

@@ -94,7 +94,7 @@ def build_parser():
     p = add_command(sub, "list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
     p.set_defaults(func=_cmd_list)
-    p = sub.add_parser("prove", help="require each patch's Tests: to fail on the stack without it")
+    p = add_command(sub, "prove", help="require each patch's Tests: to fail on the stack without it")
     p.add_argument("patches", nargs="*", metavar="PATCH", help="Patch-Name, file name or number (default: all)")
     p.add_argument("--record", action="store_true",
                    help="write patches/proof.json (the README's verdict column); needs every patch")

@@ -28,6 +28,13 @@ _COMMANDS = {
         "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
         "about 30 s from scratch; a few seconds when the base is cached.",
     ),
+    "prove": (
+        "Prove every patch is needed: rebuild the stack without it in a scratch repo (later patches "
+        "that then fail to apply or to import are dropped too and named), run its Tests: there and "
+        "require at least one to fail. Exits 1 on any unproven patch.",
+        "nothing in the checkout; with --record, patches/proof.json and the README's Proof column.",
+        "about 10 minutes for the whole 28-patch stack on 2 cores; seconds to a minute per patch.",
+    ),
     "list": (
         "Print the patch table (Markdown) that the README carries.",
         "nothing, or README.md with --update-readme.",
