@@ -7,6 +7,7 @@ it with an error naming what is wrong and where, and that nothing ran or changed
 import hashlib
 import io
 import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -462,3 +463,33 @@ def test_apply_errors_do_not_quote_git_am_resume_advice(fork):
     for advice in ("git am --", "hint:", "--show-current-patch", "build-"):
         assert advice not in message, message
 
+
+
+
+# ---------------------------------------------------------------- a local path in the pin borrows nothing
+
+def _git(*args, cwd, input=None):
+    return subprocess.run(["git", *map(str, args)], cwd=cwd, input=input, capture_output=True, text=True)
+
+
+def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_object_store(fork, tmp_path,
+                                                                                      monkeypatch):
+    """A pin may name a local repository, but only the pinned commit's history is copied in:
+    the outside object store is never linked (git alternates), so nothing else in it becomes
+    readable. Borrowing is for a ``--mirror`` the maintainer names on the command line."""
+    from tools.rebase import source
+
+    outside = _git("hash-object", "-w", "--stdin", cwd=fork.upstream, input="not in the pin\n").stdout.strip()
+    apply(fork.layout, log=quiet)
+    repos = [fork.work / ".git", *(tmp_path / "cache" / "git").glob("*.git")]
+    assert len(repos) == 2
+    for repo in repos:
+        assert not (repo / "objects" / "info" / "alternates").exists(), repo
+        assert _git("--git-dir", repo, "cat-file", "-e", outside, cwd=tmp_path).returncode != 0, repo
+
+    url = "https://example.invalid/upstream.git"
+    monkeypatch.setattr(source, "MIRRORS", {})
+    source.use_mirror(url, fork.upstream)
+    source.resolve_git_ref(tmp_path / "cache", url, "v1")
+    mirror = source._git_cache(tmp_path / "cache", url)
+    assert _git("--git-dir", mirror, "cat-file", "-e", outside, cwd=tmp_path).returncode == 0

@@ -247,11 +247,14 @@ def use_mirror(url: str, path) -> None:
 
 
 def _local_objects(url: str) -> str:
-    """The object directory of ``url`` when it is a local repository (a mirror or a path), else ""."""
-    local = _local_url(url)
-    if not Path(local).is_dir():
+    """The object directory of the ``--mirror`` given for ``url``, else "".
+
+    Only a mirror named on the command line is borrowed: a local path in the (untrusted) pin is
+    fetched like any URL, so just the pinned history is copied and nothing else in it is linked.
+    """
+    if url not in MIRRORS:
         return ""
-    proc = git_proc("rev-parse", "--absolute-git-dir", cwd=local)
+    proc = git_proc("rev-parse", "--absolute-git-dir", cwd=MIRRORS[url])
     if proc.returncode != 0:
         return ""
     objects = Path(proc.stdout.strip()) / "objects"
@@ -260,7 +263,7 @@ def _local_objects(url: str) -> str:
 
 def _borrow(git_dir: Path, objects: str) -> None:
     """Let the repository at ``git_dir`` read ``objects`` in place (git alternates): importing a
-    local upstream's history then copies nothing. The local repository must stay where it is."""
+    mirror's history then copies nothing. The mirror must stay where it is."""
     if not objects:
         return
     info = git_dir / "objects" / "info"
