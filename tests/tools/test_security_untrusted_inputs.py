@@ -493,3 +493,32 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
     source.resolve_git_ref(tmp_path / "cache", url, "v1")
     mirror = source._git_cache(tmp_path / "cache", url)
     assert _git("--git-dir", mirror, "cat-file", "-e", outside, cwd=tmp_path).returncode == 0
+
+
+# ---------------------------------------------------------------- patches/proof.json is data from a PR
+
+@pytest.mark.parametrize("entry, why", [
+    ({"verdict": "proven | <img src=x> |\n| evil", "failed": 1, "tests": 1}, "verdict"),
+    ({"verdict": "proven", "failed": "1 | x", "tests": 1}, "failed"),
+    ({"verdict": "proven"}, "not a count"),
+    ({}, "verdict"),
+])
+def test_proof_record_entries_are_validated_before_they_reach_the_readme(fork, entry, why):
+    import json
+
+    from tools.rebase.listing import patch_table
+    from tools.rebase.series import load_stack
+    from tools.rebase.state import current_digest
+
+    two_patch_stack(fork)
+    _, patches = load_stack(fork.layout)
+    good = {"verdict": "unproven", "failed": 0, "tests": 1}
+    record = {"stack_digest": current_digest(fork.layout, patches),
+              "patches": [{"name": "alpha-seven", **good}, {"name": "beta-extra", **entry}]}
+    (fork.layout.patches / "proof.json").write_text(json.dumps(record))
+    problems = [p for p in check(fork.layout, log=quiet) if "proof.json" in p]
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("patches/proof.json: ") and "beta-extra" in problems[0] and why in problems[0]
+    table = patch_table(fork.layout)
+    assert "<img" not in table and "| evil" not in table and "1 | x" not in table
+    assert table.count("not recorded") == 2, table

@@ -302,6 +302,17 @@ def write_record(layout, proofs: list) -> Path:
     return path
 
 
+def _bad_entry(entry: dict):
+    """Why a record entry cannot be shown (its fields reach the README table), else None."""
+    if entry.get("verdict") not in (PROVEN, UNPROVEN, GPU_ONLY):
+        return f"verdict {entry.get('verdict')!r} is not one of {PROVEN}, {UNPROVEN}, {GPU_ONLY}"
+    for key in ("tests", "failed"):
+        value = entry.get(key)
+        if type(value) is not int or value < 0:
+            return f"{key} {value!r} is not a count"
+    return None
+
+
 def read_record(layout):
     """``(verdicts by patch name, problem)``: verdicts only when the record matches this stack."""
     path = proof_path(layout)
@@ -314,6 +325,10 @@ def read_record(layout):
         verdicts = {entry["name"]: entry for entry in data["patches"]}
     except (ValueError, KeyError, TypeError) as exc:
         return {}, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
+    for entry in data["patches"]:
+        bad = _bad_entry(entry)
+        if bad:
+            return {}, f"{where}: entry {entry.get('name')!r}: {bad}; run prove --record"
     _, patches = load_stack(layout)
     if digest != current_digest(layout, patches):
         return {}, (f"{where}: recorded for another stack (digest {str(digest)[:12]}); "
