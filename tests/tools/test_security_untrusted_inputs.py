@@ -522,3 +522,22 @@ def test_proof_record_entries_are_validated_before_they_reach_the_readme(fork, e
     table = patch_table(fork.layout)
     assert "<img" not in table and "| evil" not in table and "1 | x" not in table
     assert table.count("not recorded") == 2, table
+
+
+@pytest.mark.parametrize("entry", ["../outside/0002-beta-extra.patch", "{outside}/0002-beta-extra.patch"])
+def test_series_entries_outside_patches_are_refused(fork, tmp_path, capsys, entry):
+    """The series names files in patches/ only: a path would make apply (git am) take a patch
+    file from anywhere on the machine."""
+    two_patch_stack(fork)
+    tip = rev_parse(fork.work, "HEAD")
+    outside = fork.root / "outside"
+    outside.mkdir()
+    evil = (fork.layout.patches / "0002-beta-extra.patch").read_text().replace("BETA_EXTRA = 'x'", "EVIL = 1")
+    (outside / "0002-beta-extra.patch").write_text(evil)
+    entry = entry.format(outside=outside)
+    fork.layout.series.write_text(fork.layout.series.read_text().replace("0002-beta-extra.patch", entry))
+    with pytest.raises(RebaseError, match=r"patches/series:\d+: .* must be a plain name"):
+        apply(fork.layout, log=quiet)
+    assert rev_parse(fork.work, "HEAD") == tip
+    code, _, err = run_cli(capsys, "-C", fork.root, "check")
+    assert code != 0 and "patches/series:" in err and "plain name" in err, err

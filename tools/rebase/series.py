@@ -47,6 +47,8 @@ def read_series(path: Path) -> Series:
             continue
         if any(c.isspace() for c in text):
             raise RebaseError(f"{path}:{lineno}: one patch file name per line, got {text!r}")
+        # A name, never a path: apply would otherwise take a patch file from anywhere.
+        names.path_component(text, "patch file", f"{path}:{lineno}")
         entries.append(SeriesEntry(text, lineno, pending))
         pending = []
     return Series(entries, pending)
