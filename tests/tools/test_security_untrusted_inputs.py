@@ -541,3 +541,26 @@ def test_series_entries_outside_patches_are_refused(fork, tmp_path, capsys, entr
     assert rev_parse(fork.work, "HEAD") == tip
     code, _, err = run_cli(capsys, "-C", fork.root, "check")
     assert code != 0 and "patches/series:" in err and "plain name" in err, err
+
+
+def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuilt(fork, capsys):
+    """A fresh clone rebuilds the last bump from the committed REBASE_REPORT.json, which a pull
+    request can change: a row of the wrong shape is an error naming the file, not a traceback."""
+    import json
+    import shutil
+
+    from tools.rebase.bump import bump
+    from tools.rebase.journal import last_bump_dir
+
+    two_patch_stack(fork)
+    (fork.root / ".gitignore").write_text(".rebase/\nmegatron/\n")
+    init(fork.root, {}, "fork at v1")
+    fork.upstream_commit({"README.md": "synthetic upstream v2\n"}, "v2", tag="v2")
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, run_tests=False)
+    shutil.rmtree(last_bump_dir(fork.layout))
+    data = json.loads(fork.layout.report_json.read_text())
+    data["mapping"][0].pop("status")
+    fork.layout.report_json.write_text(json.dumps(data))
+    commit(fork.root, {}, "bump to v2")
+    code, _, err = run_cli(capsys, "-C", fork.root, "report")
+    assert code == 2 and "REBASE_REPORT.json is not a bump report" in err, err

@@ -31,17 +31,20 @@ def _pin_commit(lay) -> str:
     return found[0]
 
 
-def _committed_report(lay) -> dict:
+def _committed_report(lay) -> tuple:
+    """``(report, bump_facts(report))`` of the committed JSON report, whose shape a pull request
+    may have changed: any defect is an error naming the file."""
     rel = lay.report_json.relative_to(lay.root).as_posix()
     proc = git_proc("show", f"HEAD:./{rel}", cwd=lay.root)
     if proc.returncode != 0:
         raise RebaseError(f"no bump recorded in this checkout and HEAD has no {rel} to rebuild it from")
     try:
         data = json.loads(proc.stdout)
-        data["old"]["tip"], data["new"]["tip"], data["mapping"]  # noqa: B018  (shape check)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RebaseError(f"HEAD:{rel} is not a bump report ({exc})") from None
-    return data
+        if not all(isinstance(data[side]["tip"], str) for side in ("old", "new")):
+            raise TypeError("a tip is not a commit id")
+        return data, bump_facts(data)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise RebaseError(f"HEAD:{rel} is not a bump report ({exc.__class__.__name__}: {exc})") from None
 
 
 def _absorbed_how(note: str, upstream: str, new_label: str) -> str:
@@ -80,7 +83,7 @@ def record_from_history(lay, stack_at) -> dict:
     """The record ``bump`` would have written, rebuilt from git history (``stack_at(lay, rev)``
     builds the stack a commit's ``patches/`` + pin describe: ``(pin, base, tip)``)."""
     commit = _pin_commit(lay)
-    data = _committed_report(lay)
+    data, (hints, tests) = _committed_report(lay)
     old_pin, old_base, old_tip = stack_at(lay, f"{commit}^")
     new_pin, new_base, new_tip = stack_at(lay, commit)
     if (old_tip, new_tip) != (data["old"]["tip"], data["new"]["tip"]):
@@ -88,6 +91,5 @@ def record_from_history(lay, stack_at) -> dict:
             f"the committed {lay.report_json.name} does not describe the bump in {commit[:12]}: rebuilding "
             f"{commit[:12]}^ and {commit[:12]} gives tips {old_tip[:12]} and {new_tip[:12]}, the report "
             f"names {data['old']['tip'][:12]} and {data['new']['tip'][:12]}")
-    hints, tests = bump_facts(data)
     return {"old_pin": old_pin.to_toml(), "new_pin": new_pin.to_toml(), "old_base": old_base,
             "old_tip": old_tip, "new_base": new_base, "new_tip": new_tip, "hints": hints, "tests": tests}
