@@ -564,3 +564,23 @@ def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuil
     commit(fork.root, {}, "bump to v2")
     code, _, err = run_cli(capsys, "-C", fork.root, "report")
     assert code == 2 and "REBASE_REPORT.json is not a bump report" in err, err
+
+
+def test_a_symlinked_resolutions_folder_is_refused_before_anything_is_read_or_pruned(fork, tmp_path):
+    """patches/resolutions comes from a pull request: as a link to an outside folder, import would
+    read it and the bump's prune would delete every folder in it not named like a patch."""
+    from tools.rebase.resolutions import export_resolutions, import_resolutions, prune
+
+    victim = tmp_path / "victim"
+    (victim / "keep-me" / ("c" * 40)).mkdir(parents=True)
+    (victim / "keep-me" / ("c" * 40) / "preimage").write_text("outside\n")
+    fork.layout.patches.mkdir(exist_ok=True)
+    os.symlink(victim, fork.layout.resolutions)
+    init(fork.work, {"x": "1\n"})
+    for call in (lambda: import_resolutions(fork.layout.resolutions, fork.work),
+                 lambda: export_resolutions(fork.work, fork.layout.resolutions, "alpha-seven", ["a" * 40]),
+                 lambda: prune(fork.layout.resolutions, set())):
+        with pytest.raises(RebaseError, match="resolutions: recorded resolutions must not be symlinks"):
+            call()
+    assert (victim / "keep-me" / ("c" * 40) / "preimage").read_text() == "outside\n"
+    assert not (fork.work / ".git" / "rr-cache").exists()

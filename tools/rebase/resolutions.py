@@ -39,6 +39,7 @@ def _refuse_links(path: Path) -> None:
 
 def import_resolutions(store: Path, work: Path) -> int:
     """Copy every recorded resolution in ``store`` into the work repo's rr-cache; return the count."""
+    _refuse_links(store)
     if not store.is_dir():
         return 0
     cache = rr_cache(work)
@@ -92,6 +93,7 @@ def record(work: Path) -> None:
 def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> list:
     """Copy the resolutions of the conflicts ``ids`` (any variant) into ``store/patch_name/<hash>/``
     as ``preimage``/``postimage``; return the ids rerere holds no resolution for."""
+    _refuse_links(store)
     missing = []
     for rid in ids:
         _check_entry(patch_name, rid, f"resolution of {patch_name!r}")
@@ -115,9 +117,13 @@ def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> l
 
 def prune(store: Path, keep_names) -> None:
     """Drop the resolutions of patches that are no longer in the series."""
+    _refuse_links(store)  # a link would make this delete folders outside the checkout
     if not store.is_dir():
         return
-    for patch_dir in store.iterdir():
+    patch_dirs = list(store.iterdir())
+    for patch_dir in patch_dirs:
+        _refuse_links(patch_dir)
+    for patch_dir in patch_dirs:
         if patch_dir.is_dir() and patch_dir.name not in keep_names:
             shutil.rmtree(patch_dir)
     if not any(store.iterdir()):
