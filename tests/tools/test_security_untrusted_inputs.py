@@ -7,6 +7,7 @@ it with an error naming what is wrong and where, and that nothing ran or changed
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -547,7 +548,6 @@ def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuil
     """A fresh clone rebuilds the last bump from the committed REBASE_REPORT.json, which a pull
     request can change: a row of the wrong shape is an error naming the file, not a traceback."""
     import json
-    import shutil
 
     from tools.rebase.bump import bump
     from tools.rebase.journal import last_bump_dir
@@ -584,3 +584,35 @@ def test_a_symlinked_resolutions_folder_is_refused_before_anything_is_read_or_pr
             call()
     assert (victim / "keep-me" / ("c" * 40) / "preimage").read_text() == "outside\n"
     assert not (fork.work / ".git" / "rr-cache").exists()
+
+
+@pytest.mark.parametrize("linked", ["0002-beta-extra.patch", "series"])
+def test_a_symlinked_patch_or_series_file_is_refused(fork, tmp_path, linked):
+    """A file of patches/ committed as a link would make apply read it from outside the checkout."""
+    two_patch_stack(fork)
+    tip = rev_parse(fork.work, "HEAD")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(fork.layout.patches / linked, outside / linked)
+    os.symlink(outside / linked, fork.layout.patches / linked)
+    with pytest.raises(RebaseError, match=f"patches/{linked}: .*must not be a symlink"):
+        apply(fork.layout, log=quiet)
+    assert rev_parse(fork.work, "HEAD") == tip
+    try:  # a bad series line stops check; a bad patch file is one of its problems
+        problems = check(fork.layout, log=quiet)
+    except RebaseError as exc:
+        problems = [str(exc)]
+    assert any(f"patches/{linked}: " in p and "must not be a symlink" in p for p in problems), problems
+
+
+def test_forecast_copies_patches_without_following_links(fork, tmp_path):
+    """The dry run's scratch copy of patches/ keeps a link a link, so the same refusal applies
+    (instead of copying the outside folder in as recorded resolutions)."""
+    from tools.rebase.forecast import forecast
+
+    two_patch_stack(fork)
+    fork.upstream_commit({"README.md": "synthetic upstream v2\n"}, "v2", tag="v2")
+    (tmp_path / "victim" / "alpha-seven").mkdir(parents=True)
+    os.symlink(tmp_path / "victim", fork.layout.resolutions)
+    with pytest.raises(RebaseError, match="resolutions: recorded resolutions must not be symlinks"):
+        forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)

@@ -45,8 +45,9 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
 
     listed = set(read_series(layout.series).names)
     # Only what the series lists (and the recorded resolutions): a stray *.patch file is not part of
-    # the stack, it only makes a real bump refuse (reported as a warning).
-    shutil.copytree(layout.patches, root / "patches", symlinks=False,
+    # the stack, it only makes a real bump refuse (reported as a warning). Links stay links, so the
+    # scratch refuses them as a real bump would, instead of copying their targets in.
+    shutil.copytree(layout.patches, root / "patches", symlinks=True,
                     ignore=lambda d, names: [n for n in names if Path(d) == layout.patches
                                              and n.endswith(".patch") and n not in listed])
     scratch = ScratchLayout(root, shared_cache=layout.cache)

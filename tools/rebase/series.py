@@ -36,7 +36,14 @@ class Series:
         return [e.name for e in self.entries]
 
 
+def _refuse_link(path: Path) -> None:
+    """A committed link would make the tool read a file from outside the checkout."""
+    if path.is_symlink():
+        raise RebaseError(f"{path}: must not be a symlink (patches/ holds plain files)")
+
+
 def read_series(path: Path) -> Series:
+    _refuse_link(path)
     if not path.is_file():
         raise RebaseError(f"{path}: series file is missing")
     entries, pending = [], []
@@ -164,6 +171,7 @@ def _strip_prefix(token: str, prefix: str) -> str:
 def parse_patch(path: Path) -> PatchFile:
     """Parse a ``git format-patch`` file; raise RebaseError naming file:line on any defect."""
     where = str(path)
+    _refuse_link(path)
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
