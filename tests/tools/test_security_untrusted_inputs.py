@@ -7,6 +7,7 @@ it with an error naming what is wrong and where, and that nothing ran or changed
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -616,3 +617,14 @@ def test_forecast_copies_patches_without_following_links(fork, tmp_path):
     os.symlink(tmp_path / "victim", fork.layout.resolutions)
     with pytest.raises(RebaseError, match="resolutions: recorded resolutions must not be symlinks"):
         forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+
+
+@pytest.mark.parametrize("minor, why", [("int('42')", "MINOR is not a literal"), ("(", "does not parse")])
+def test_a_version_that_is_not_a_literal_is_a_clean_error(fork, minor, why):
+    """The version is read from the patched package_info.py (patches are untrusted) without running
+    it; anything but literals there is an error naming the file, not a traceback."""
+    apply(fork.layout, log=quiet)
+    fork.add_patch("computed-version", {"megatron/core/package_info.py":
+                                        lambda t: t.replace("MINOR = 42", f"MINOR = {minor}")})
+    with pytest.raises(RebaseError, match=rf"package_info.py: {re.escape(why)}"):
+        export(fork.layout, log=quiet)

@@ -24,12 +24,19 @@ STAMP_MARK = "# --- stamped by tools.rebase when the fork was materialized ---"
 def upstream_version(package_info: Path) -> str:
     """Read MAJOR/MINOR/PATCH/PRE_RELEASE literals from upstream's package_info.py."""
     values = {}
-    tree = ast.parse(package_info.read_text())
+    try:
+        tree = ast.parse(package_info.read_text())
+    except SyntaxError as exc:
+        raise RebaseError(f"{package_info}: does not parse ({exc.msg}, line {exc.lineno})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name) and target.id in ("MAJOR", "MINOR", "PATCH", "PRE_RELEASE"):
-                values[target.id] = ast.literal_eval(node.value)
+                try:  # never run: the file comes from the archive and the patches
+                    values[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    raise RebaseError(f"{package_info}: {target.id} is not a literal (line {node.lineno}); "
+                                      f"the version is read without running the file") from None
     try:
         return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE', '')}"
     except KeyError as exc:
