@@ -628,3 +628,22 @@ def test_a_version_that_is_not_a_literal_is_a_clean_error(fork, minor, why):
                                         lambda t: t.replace("MINOR = 42", f"MINOR = {minor}")})
     with pytest.raises(RebaseError, match=rf"package_info.py: {re.escape(why)}"):
         export(fork.layout, log=quiet)
+
+
+def test_pytest_runners_refuse_a_plugin_option_even_if_validation_is_bypassed(tmp_path):
+    """pytest loads ``-p NAME`` even after ``--``: both runners refuse such an id themselves."""
+    from tools.rebase import prove
+    from tools.rebase.testrun import run_pytest
+
+    run = tmp_path / "run"
+    (run / "tests").mkdir(parents=True)
+    (run / "tests" / "test_a.py").write_text("def test_ok():\n    assert True\n")
+    shutil.copy2(Path(prove.__file__).with_name("prove_report.py"), run / f"{prove._PLUGIN}.py")
+    marker = tmp_path / "plugin-ran"
+    (run / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    with pytest.raises(RebaseError, match="prove: refusing Tests: id '-pevil': starts with '-'"):
+        prove.run_tests(run, ["-pevil", "tests/test_a.py::test_ok"])
+    outcomes = run_pytest(run, ["-pevil", "tests/test_a.py::test_ok"])
+    assert not marker.exists()
+    assert outcomes["tests/test_a.py::test_ok"] == "passed"
+    assert outcomes["-pevil"].startswith("refused: starts with '-'")

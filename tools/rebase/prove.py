@@ -26,7 +26,7 @@ from tools.rebase.series import load_stack
 from tools.rebase.source import base_tag, import_base
 from tools.rebase.stack import am_one
 from tools.rebase.state import current_digest
-from tools.rebase.testids import missing_test
+from tools.rebase.testids import invalid_test_id, missing_test
 
 PROOF_FILE = "proof.json"
 PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
@@ -105,7 +105,7 @@ def _pytest_once(run: Path, node_ids: list) -> dict:
                PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
-         "--continue-on-collection-errors", "--rootdir", str(run), *node_ids],
+         "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
         cwd=run, env=env, capture_output=True, text=True,
     )
     if not report_file.is_file():
@@ -119,6 +119,10 @@ def run_tests(run: Path, node_ids: list) -> dict:
     A node id inside a file that fails to import makes pytest stop before running anything, so
     the ids of the files that did import are run again on their own (one more process).
     """
+    # pytest loads a "-p NAME" plugin even after "--", so an id that is an option must never get here.
+    unsafe = [n for n in node_ids if invalid_test_id(n)]
+    if unsafe:
+        raise RebaseError(f"prove: refusing Tests: id {unsafe[0]!r}: {invalid_test_id(unsafe[0])}")
     report = {"outcomes": {}, "collect_errors": []}
     remaining = list(node_ids)
     while remaining:

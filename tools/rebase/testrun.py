@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+from tools.rebase.testids import invalid_test_id
+
 COULD_NOT_RUN = "could not run"
 _VERBOSE_LINE = re.compile(r"^(tests/\S+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 _COLLECT_ERROR = re.compile(r"^ERROR (\S+?)(?:::\S+)?(?: - (.+))?$")
@@ -39,6 +41,10 @@ def _under(test: str, node: str) -> bool:
 
 def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
     """``{node id: outcome}``: passed, failed, skipped, not found, or could not run: <error>."""
+    # "--" ends options, but pytest loads a "-p NAME" plugin even after it: refuse such ids here too.
+    refused = {n: f"refused: {invalid_test_id(n)}" for n in node_ids if invalid_test_id(n)}
+    if refused:
+        return {**refused, **run_pytest(root, [n for n in node_ids if n not in refused], python)}
     if not node_ids:
         return {}
     proc = subprocess.run([python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
