@@ -27,6 +27,7 @@ from tools.rebase.source import base_tag, import_base
 from tools.rebase.stack import am_one
 from tools.rebase.state import current_digest
 from tools.rebase.testids import missing_test
+from tools.rebase.testrun import is_under
 
 PROOF_FILE = "proof.json"
 PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
@@ -74,19 +75,17 @@ def verdict_for(outcomes: dict) -> tuple:
     return verdict, failed, skipped, missing
 
 
-def _matches(node_id: str, test: str) -> bool:
-    return test == node_id or test.startswith((node_id + "::", node_id + "["))
-
-
 def outcomes_for(node_ids: list, report: dict) -> dict:
-    """Map each ``Tests:`` id to failed / skipped / passed / not found from a plugin report."""
+    """Map each ``Tests:`` id (a directory, file, class or test) to failed / skipped / passed /
+    not found from a plugin report."""
     out = {}
     for node in node_ids:
-        file = node.split("::", 1)[0]
-        if any(err == file or _matches(err, node) for err in report.get("collect_errors", [])):
-            out[node] = "failed"  # the test module does not even import without the patch
+        # The node's file, or a file under a directory node, does not even import without the patch.
+        if any(is_under(node, err) or ("::" not in err and is_under(err, node))
+               for err in report.get("collect_errors", [])):
+            out[node] = "failed"
             continue
-        mine = [o for test, o in report.get("outcomes", {}).items() if _matches(node, test)]
+        mine = [o for test, o in report.get("outcomes", {}).items() if is_under(test, node)]
         if not mine:
             out[node] = "not found"
         elif "failed" in mine:

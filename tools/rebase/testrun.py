@@ -33,7 +33,8 @@ def _first_error(text: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def _under(test: str, node: str) -> bool:
+def is_under(test: str, node: str) -> bool:
+    """``test`` is the node id ``node`` or one pytest collects under it (a directory, file or class)."""
     return test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))
 
 
@@ -68,9 +69,9 @@ def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
               if not any(t == path or t.startswith(path + "::") for t, _ in ran)}
     results = {}
     for node in node_ids:
-        mine = [outcome for test, outcome in ran if _under(test, node)]
+        mine = [outcome for test, outcome in ran if is_under(test, node)]
         failed_to_collect = next((err for path, err in broken.items()
-                                  if _under(path, node.split("::")[0]) or _under(node, path)), None)
+                                  if is_under(path, node.split("::")[0]) or is_under(node, path)), None)
         if failed_to_collect and not mine:
             results[node] = f"{COULD_NOT_RUN}: {failed_to_collect}"
         elif any(o in ("FAILED", "ERROR", "XPASS") for o in mine):
