@@ -38,6 +38,7 @@ from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
+from tools.rebase.stack import commit_message
 
 LAST_OLD_REF = "refs/rebase/last-bump/old"
 LAST_NEW_REF = "refs/rebase/last-bump/new"
@@ -142,7 +143,7 @@ def _recommit(work: Path, commit: str, parent: str, original: str, keep_message:
     ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
     fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
     name, email, date = fields.split("\x00")
-    message = git("show", "-s", "--format=%B", commit if keep_message else original, cwd=work).rstrip("\n") + "\n"
+    message = commit_message(work, commit if keep_message else original).rstrip("\n") + "\n"
     tree = git("rev-parse", f"{commit}^{{tree}}", cwd=work).strip()
     env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
            "GIT_COMMITTER_DATE": date}
@@ -878,8 +879,7 @@ def report_from_record(work: Path, record: dict, tests=None) -> dict:
 def _patch_name(work: Path, commit: str) -> str:
     from tools.rebase.series import parse_trailers
 
-    message = git("show", "-s", "--format=%B", commit, cwd=work)
-    names = parse_trailers(message).get("Patch-Name", [])
+    names = parse_trailers(commit_message(work, commit)).get("Patch-Name", [])
     return names[0] if names else commit[:12]
 
 
@@ -888,14 +888,9 @@ def _subject(work: Path, commit: str) -> str:
 
 
 def _tests_of(work: Path, commit: str) -> list:
-    import re
+    from tools.rebase.series import parse_trailers, test_ids
 
-    from tools.rebase.series import parse_trailers
-
-    out = []
-    for value in parse_trailers(git("show", "-s", "--format=%B", commit, cwd=work)).get("Tests", []):
-        out.extend(v for v in re.split(r"[\s,]+", value) if v)
-    return out
+    return test_ids(parse_trailers(commit_message(work, commit)))
 
 
 def _files_of(work: Path, commit: str) -> list:

@@ -17,10 +17,6 @@ _SECTION = re.compile(r"^_+ ERROR collecting (\S+) _+$")
 _E_LINE = re.compile(r"^E\s+(\S.*)$")
 
 
-def could_not_run(outcome: str) -> bool:
-    return outcome.startswith(COULD_NOT_RUN)
-
-
 def _first_error(text: str) -> str:
     for line in text.splitlines():
         m = _E_LINE.match(line)
