@@ -679,12 +679,7 @@ class Bump:
             lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s.upstream]
         else:
             lines.append("(no upstream commit between the bases touches these files)")
-        lines += [
-            f"Resolve in {self.work} (edit the files, then `git -C {self.work} add <files>`; do not commit),",
-            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
-            "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo.",
-        ]
-        return "\n".join(lines)
+        return "\n".join(lines + _resolve_hint(self.work))
 
     def _continue_stopped(self, drop: bool):
         j, work = self.j, self.work
