@@ -22,6 +22,7 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc
 from tools.rebase.paths import Layout
+from tools.rebase.state import read_state
 
 SCHEMA = "fork-rebase-forecast/1"
 
@@ -62,19 +63,12 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
         feed = "".join(f"update {ref} {sha}\n" for sha, ref in (line.split(" ", 1) for line in refs.splitlines()))
         if feed:
             git("update-ref", "--stdin", cwd=work, input=feed)
-        tip = _state_tip(layout)
+        tip = read_state(layout, tolerate_corrupt=True).get("tip")
         if tip and git_proc("cat-file", "-e", f"{tip}^{{commit}}", cwd=work).returncode == 0:
             shutil.copy2(layout.state_file, scratch.state_file)  # the stack is built: reuse it
             git("update-ref", "refs/heads/patched", tip, cwd=work)
             git("checkout", "-q", "-f", "patched", cwd=work)
     return scratch
-
-
-def _state_tip(layout) -> str:
-    try:
-        return json.loads(layout.state_file.read_text()).get("tip") or ""
-    except (FileNotFoundError, json.JSONDecodeError):
-        return ""
 
 
 def _stop_entry(j) -> dict:
