@@ -190,7 +190,7 @@ def report_last_bump(lay, run_tests=False):
 
 def _stack_at(lay, rev):
     """Build the stack that ``patches/`` + the pin held at commit ``rev`` (None: working tree)."""
-    from tools.rebase.gitcmd import git, git_proc
+    from tools.rebase.gitcmd import git, rev_parse
     from tools.rebase.pin import load_pin
     from tools.rebase.series import load_stack
     from tools.rebase.paths import Layout
@@ -203,10 +203,10 @@ def _stack_at(lay, rev):
         paths = [p.path for p in patches]
         tmp = None
     else:
-        proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=lay.root)
-        if proc.returncode != 0:
+        commit = rev_parse(lay.root, rev)
+        if commit is None:
             raise RebaseError(f"{rev!r} is not a commit of the checkout {lay.root}")
-        rev = proc.stdout.strip()  # a commit id from here on: nothing user-typed reaches git again
+        rev = commit  # a commit id from here on: nothing user-typed reaches git again
         tmp = tempfile.TemporaryDirectory()
         root = Path(tmp.name)
         (root / "patches").mkdir()
