@@ -408,13 +408,9 @@ class Bump:
         are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
         j = self.j
         pos = j.next
-        limit = end if end is not None else len(j.commits)
         skipped = []
-        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
-            k = pos
-            while k < limit and j.names[k] != name:
-                k += 1
-            if k == limit:
+        for sha, name, k in self._match_replayed(head, end if end is not None else len(j.commits)):
+            if k is None:
                 raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
                                   f"being replayed; run bump --abort")
             skipped += range(pos, k)
@@ -436,6 +432,21 @@ class Bump:
             self.log(f"  {j.names[k]}: absorbed upstream ({how})")
         if skipped:
             self._save()
+
+    def _match_replayed(self, head, limit):
+        """``[(commit, Patch-Name, patch index)]`` of tip..head: each commit matched by name to the
+        next patch from ``j.next`` below ``limit`` (the ones between were skipped); a commit that
+        matches none gets index None and ends the list."""
+        j = self.j
+        out, k = [], j.next
+        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
+            while k < limit and j.names[k] != name:
+                k += 1
+            out.append((sha, name, k if k < limit else None))
+            if k == limit:
+                break
+            k += 1
+        return out
 
     def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
@@ -592,15 +603,8 @@ class Bump:
         j = self.j
         if head == j.tip:
             return None
-        rows = _describe(self.work, j.tip, head)
-        index, k = {}, j.next
-        for sha, name, _ in rows:
-            while k < end and j.names[k] != name:
-                k += 1
-            if k == end:
-                break  # not one of ours: _adopt reports it
-            index[sha] = k
-            k += 1
+        # a commit that is none of ours is left out here: _adopt reports it
+        index = {sha: k for sha, _, k in self._match_replayed(head, end) if k is not None}
         broken = first_broken(self.work, j.tip, head,
                               lambda sha: (j.new_base, j.commits[index[sha]]) if sha in index else ())
         if broken and broken[0] in index:
