@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc
+from tools.rebase.gitcmd import git, git_proc, init_borrowing
 from tools.rebase.paths import Layout
 from tools.rebase.state import read_state
 
@@ -55,9 +55,7 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
     if (real / ".git").is_dir():
         work = scratch.work
         work.mkdir(parents=True)
-        git("init", "-q", "-b", "patched", cwd=work)
-        objects = (real / ".git" / "objects").resolve()
-        (work / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+        init_borrowing(work, real, "-b", "patched")
         refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/tags/upstream/",
                    "refs/upstream-history/", "refs/heads/patched", cwd=real)
         feed = "".join(f"update {ref} {sha}\n" for sha, ref in (line.split(" ", 1) for line in refs.splitlines()))

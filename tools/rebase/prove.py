@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, rev_parse
+from tools.rebase.gitcmd import git, init_borrowing, rev_parse
 from tools.rebase.materialize import materialize, upstream_version
 from tools.rebase.pin import load_pin
 from tools.rebase.series import load_stack
@@ -136,13 +136,9 @@ def _scratch_repo(layout, pin, tmp: Path) -> tuple:
     """A repo in ``tmp`` holding the pinned base; it reads the work repo's objects, never writes them."""
     repo = tmp / "tree"
     repo.mkdir()
-    git("init", "-q", cwd=repo)
     tag = base_tag(pin)
-    work_git = layout.work / ".git"
     base = None
-    if (work_git / "objects").is_dir():
-        (repo / ".git" / "objects" / "info" / "alternates").write_text(
-            str((work_git / "objects").resolve()) + "\n")
+    if init_borrowing(repo, layout.work):
         base = rev_parse(layout.work, f"refs/tags/{tag}")
     if base:
         git("tag", tag, base, cwd=repo)
