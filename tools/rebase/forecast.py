@@ -105,7 +105,7 @@ def _no_kill(point, **info):
     """The scratch bump is thrown away: the kill points (``killpoints.py``) are not for it."""
 
 
-def forecast(layout, spec: str, log=print) -> dict:
+def forecast(layout, spec: str) -> dict:
     """Replay the stack onto ``spec`` in a scratch copy; return the forecast as data."""
     from tools.rebase.bump import Bump, Stopped
 

@@ -34,18 +34,18 @@ def is_under(test: str, node: str) -> bool:
     return test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))
 
 
-def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
+def run_pytest(root, node_ids: list) -> dict:
     """``{node id: outcome}``: passed, failed, skipped, not found, or could not run: <error>."""
     if not node_ids:
         return {}
-    proc = subprocess.run([python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
                            "--continue-on-collection-errors", "--", *node_ids],  # "--": an id is never an option
                           cwd=root, capture_output=True, text=True)
     text = proc.stdout + "\n" + proc.stderr
     if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
         out = {}
         for node in node_ids:
-            out.update(run_pytest(root, [node], python))
+            out.update(run_pytest(root, [node]))
         return out
     ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
     broken = {}  # file -> collection error ("ERROR collecting <file>" section, first E line)
