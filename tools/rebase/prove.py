@@ -5,7 +5,8 @@ repo's objects read-only (git alternates), so nothing is re-imported. Later patc
 longer apply without it are dropped too and named. The patch's tests then run in one pytest
 process against that tree's ``megatron/``, copied next to the checkout's ``tests/``. The checkout
 (work repo, ``megatron/``, ``patches/``, tool state) is never written, except ``patches/proof.json``
-with ``--record``; scratch directories are always removed.
+and the README's Proof column with ``--record``; scratch directories are removed at the end (also
+on SIGTERM: the CLI turns it into an exit).
 """
 
 import json
