@@ -84,7 +84,8 @@ def _commit(work: Path, name: str, rel: str, edit) -> None:
         subprocess.run(["git", *args], cwd=work, env=env, check=True, capture_output=True)
 
 
-def make_template(dest: Path, cache: Path) -> Layout:
+def make_template(dest: Path, cache: Path):
+    """The STACK exported on the OLD sdist, NEW imported too; return (its layout, the NEW pin)."""
     (dest / "patches").mkdir(parents=True)
     (dest / "patches" / "series").write_text("# benchmark series\n")
     (dest / "tests").mkdir()

@@ -60,7 +60,7 @@ def test_forecast_statuses_and_nothing_touched(tmp_path, cache):
     fork.upstream_commit({CFG: replace_line("    f27: int = 27\n", "    f27: int = 27\n    extra: int = 1\n")},
                          "up: extra field", tag="v2")
     before = untouched_state(fork)
-    data = forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+    data = forecast(fork.layout, f"git:{fork.upstream}@v2")
     assert untouched_state(fork) == before
     rows = {r["name"]: r for r in data["patches"]}
     assert [rows[n]["status"] for n in ("keep-alpha", "upstreamed", "tweak-beta", "more-beta", "cfg-field")] == [

@@ -175,12 +175,12 @@ def test_forecast_is_not_blocked_by_the_lock_kill_points_or_local_edits(tmp_path
         assert holder.stdout.readline().strip() == "held"
         before = _state(fork)
         monkeypatch.setenv("FORK_REBASE_KILL_AT", "after-backup")  # would SIGKILL a real bump here
-        data = forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+        data = forecast(fork.layout, f"git:{fork.upstream}@v2")
         assert _state(fork) == before and b"holder" in before[3]
     finally:
         holder.communicate("")
     with locked(fork.layout, "bump --dry-run caller"):  # a caller holding the lock itself
-        again = forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+        again = forecast(fork.layout, f"git:{fork.upstream}@v2")
     assert data["would_stop"] and data["patches"][0]["status"] == "conflict"
     assert again["patches"] == data["patches"]
     assert any("a real bump would refuse to start now" in w and "local edits" in w for w in data["warnings"])
@@ -195,7 +195,7 @@ def test_forecast_ignores_unlisted_patch_files_but_warns(tmp_path, cache):
     fork.upstream_commit({"megatron/core/alpha.py": replace_line("alpha line 3\n", "alpha line 3 up\n")},
                          "up: alpha", tag="v2")
     (fork.layout.patches / "9999-stray.patch").write_text("not a patch\n")
-    data = forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+    data = forecast(fork.layout, f"git:{fork.upstream}@v2")
     assert [r["status"] for r in data["patches"]] == ["clean"] and not data["would_stop"]
     assert any("9999-stray.patch" in w for w in data["warnings"])
     assert (fork.layout.patches / "9999-stray.patch").read_text() == "not a patch\n"

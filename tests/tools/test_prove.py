@@ -189,3 +189,18 @@ def test_later_patch_that_imports_the_proven_ones_module_is_dropped_too(tmp_path
     (proof,) = prove(fork.layout, ["extra-module"], log=quiet)
     assert proof.verdict == "proven"
     assert proof.dropped == ["init-imports-extra"]
+
+
+def test_outcomes_for_a_directory_id_and_a_file_that_does_not_import():
+    from tools.rebase.prove import outcomes_for
+
+    report = {"outcomes": {"tests/unit/test_a.py::test_one": "passed",
+                           "tests/unit/test_a.py::TestK::test_two": "skipped",
+                           "tests/other/test_c.py::test_three": "passed"},
+              "collect_errors": ["tests/broken/test_b.py"]}
+    got = outcomes_for(["tests/unit", "tests/unit/test_a.py::TestK", "tests/broken",
+                        "tests/broken/test_b.py::test_x", "tests/other/test_c.py::test_thre",
+                        "tests/missing"], report)
+    assert got == {"tests/unit": "passed", "tests/unit/test_a.py::TestK": "skipped",
+                   "tests/broken": "failed", "tests/broken/test_b.py::test_x": "failed",
+                   "tests/other/test_c.py::test_thre": "not found", "tests/missing": "not found"}

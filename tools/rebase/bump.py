@@ -38,6 +38,7 @@ from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
+from tools.rebase.stack import commit_message
 
 LAST_OLD_REF = "refs/rebase/last-bump/old"
 LAST_NEW_REF = "refs/rebase/last-bump/new"
@@ -142,7 +143,7 @@ def _recommit(work: Path, commit: str, parent: str, original: str, keep_message:
     ``keep_message``), committer date = author date; move HEAD there (same tree: no checkout)."""
     fields = git("show", "-s", "--date=raw", "--format=%an%x00%ae%x00%ad", original, cwd=work).strip("\n")
     name, email, date = fields.split("\x00")
-    message = git("show", "-s", "--format=%B", commit if keep_message else original, cwd=work).rstrip("\n") + "\n"
+    message = commit_message(work, commit if keep_message else original).rstrip("\n") + "\n"
     tree = git("rev-parse", f"{commit}^{{tree}}", cwd=work).strip()
     env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
            "GIT_COMMITTER_DATE": date}
@@ -407,13 +408,9 @@ class Bump:
         are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
         j = self.j
         pos = j.next
-        limit = end if end is not None else len(j.commits)
         skipped = []
-        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
-            k = pos
-            while k < limit and j.names[k] != name:
-                k += 1
-            if k == limit:
+        for sha, name, k in self._match_replayed(head, end if end is not None else len(j.commits)):
+            if k is None:
                 raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
                                   f"being replayed; run bump --abort")
             skipped += range(pos, k)
@@ -435,6 +432,21 @@ class Bump:
             self.log(f"  {j.names[k]}: absorbed upstream ({how})")
         if skipped:
             self._save()
+
+    def _match_replayed(self, head, limit):
+        """``[(commit, Patch-Name, patch index)]`` of tip..head: each commit matched by name to the
+        next patch from ``j.next`` below ``limit`` (the ones between were skipped); a commit that
+        matches none gets index None and ends the list."""
+        j = self.j
+        out, k = [], j.next
+        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
+            while k < limit and j.names[k] != name:
+                k += 1
+            out.append((sha, name, k if k < limit else None))
+            if k == limit:
+                break
+            k += 1
+        return out
 
     def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
@@ -591,15 +603,8 @@ class Bump:
         j = self.j
         if head == j.tip:
             return None
-        rows = _describe(self.work, j.tip, head)
-        index, k = {}, j.next
-        for sha, name, _ in rows:
-            while k < end and j.names[k] != name:
-                k += 1
-            if k == end:
-                break  # not one of ours: _adopt reports it
-            index[sha] = k
-            k += 1
+        # a commit that is none of ours is left out here: _adopt reports it
+        index = {sha: k for sha, _, k in self._match_replayed(head, end) if k is not None}
         broken = first_broken(self.work, j.tip, head,
                               lambda sha: (j.new_base, j.commits[index[sha]]) if sha in index else ())
         if broken and broken[0] in index:
@@ -678,12 +683,7 @@ class Bump:
             lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s.upstream]
         else:
             lines.append("(no upstream commit between the bases touches these files)")
-        lines += [
-            f"Resolve in {self.work} (edit the files, then `git -C {self.work} add <files>`; do not commit),",
-            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
-            "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo.",
-        ]
-        return "\n".join(lines)
+        return "\n".join(lines + _resolve_hint(self.work))
 
     def _continue_stopped(self, drop: bool):
         j, work = self.j, self.work
@@ -878,8 +878,7 @@ def report_from_record(work: Path, record: dict, tests=None) -> dict:
 def _patch_name(work: Path, commit: str) -> str:
     from tools.rebase.series import parse_trailers
 
-    message = git("show", "-s", "--format=%B", commit, cwd=work)
-    names = parse_trailers(message).get("Patch-Name", [])
+    names = parse_trailers(commit_message(work, commit)).get("Patch-Name", [])
     return names[0] if names else commit[:12]
 
 
@@ -888,14 +887,9 @@ def _subject(work: Path, commit: str) -> str:
 
 
 def _tests_of(work: Path, commit: str) -> list:
-    import re
+    from tools.rebase.series import parse_trailers, test_ids
 
-    from tools.rebase.series import parse_trailers
-
-    out = []
-    for value in parse_trailers(git("show", "-s", "--format=%B", commit, cwd=work)).get("Tests", []):
-        out.extend(v for v in re.split(r"[\s,]+", value) if v)
-    return out
+    return test_ids(parse_trailers(commit_message(work, commit)))
 
 
 def _files_of(work: Path, commit: str) -> list:

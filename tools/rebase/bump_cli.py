@@ -95,13 +95,13 @@ class _Root:
         self.root = Path(root)
 
 
-def _tests_for(repo, data, runner_root):
+def _tests_for(repo, base, tip, runner_root):
+    """``{commit: {node id: outcome}}`` for the patches of ``base..tip`` that name Tests:."""
     from tools.rebase.bump import pytest_runner
     from tools.rebase.diffparse import list_range
 
     results = {}
-    new = list_range(Path(repo), data["new"]["base"]["commit"], data["new"]["tip"])
-    for c in new:
+    for c in list_range(Path(repo), base, tip):
         if c.tests:
             results[c.commit] = pytest_runner(_Root(runner_root), c.name, c.tests)
     return results
@@ -130,9 +130,10 @@ def _cmd_report(args, lay):
             raise RebaseError(f"--repo {args.repo}: no such directory")
         ob, ot = _split_range(args.old, "--old")
         nb, nt = _split_range(args.new, "--new")
-        data = build_report(repo, ob, ot, nb, nt)
+        data = build_report(repo, ob, ot, nb, nt)  # checks the ranges before any of their tests run
         if args.run_tests:
-            data = build_report(repo, ob, ot, nb, nt, tests=_tests_for(repo, data, repo))
+            tests = _tests_for(repo, data["new"]["base"]["commit"], data["new"]["tip"], repo)
+            data = build_report(repo, ob, ot, nb, nt, tests=tests)
         write_report(data, Path(args.output), Path(args.json) if args.json else None)
         print(f"wrote {args.output}" + (f" and {args.json}" if args.json else ""))
         return 0
@@ -183,14 +184,13 @@ def report_last_bump(lay, run_tests=False):
         if read_state(lay).get("tip") != record["new_tip"]:
             raise RebaseError("--run-tests: this checkout's stack is no longer the one the last bump made; "
                               "compare states with --old REV [--new REV] instead")
-        data = report_from_record(lay.work, record)
-        tests = _tests_for(lay.work, data, lay.root)
+        tests = _tests_for(lay.work, record["new_base"], record["new_tip"], lay.root)
     return report_from_record(lay.work, record, tests=tests)
 
 
 def _stack_at(lay, rev):
     """Build the stack that ``patches/`` + the pin held at commit ``rev`` (None: working tree)."""
-    from tools.rebase.gitcmd import git, git_proc
+    from tools.rebase.gitcmd import git, rev_parse
     from tools.rebase.pin import load_pin
     from tools.rebase.series import load_stack
     from tools.rebase.paths import Layout
@@ -203,10 +203,10 @@ def _stack_at(lay, rev):
         paths = [p.path for p in patches]
         tmp = None
     else:
-        proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=lay.root)
-        if proc.returncode != 0:
+        commit = rev_parse(lay.root, rev)
+        if commit is None:
             raise RebaseError(f"{rev!r} is not a commit of the checkout {lay.root}")
-        rev = proc.stdout.strip()  # a commit id from here on: nothing user-typed reaches git again
+        rev = commit  # a commit id from here on: nothing user-typed reaches git again
         tmp = tempfile.TemporaryDirectory()
         root = Path(tmp.name)
         (root / "patches").mkdir()
@@ -237,14 +237,13 @@ def report_between_states(lay, old_rev, new_rev, run_tests=False):
     old_pin, old_base, old_tip = _stack_at(lay, old_rev)
     new_pin, new_base, new_tip = _stack_at(lay, new_rev)
     upstream_range = (old_pin.commit, new_pin.commit) if old_pin.kind == new_pin.kind == "git" else None
-    kw = dict(old_pin=old_pin, new_pin=new_pin, upstream_range=upstream_range)
-    data = build_report(lay.work, old_base, old_tip, new_base, new_tip, **kw)
+    tests = None
     if run_tests:
         if new_rev is None:
             from tools.rebase.workrepo import apply
 
             apply(lay, log=lambda *_: None)  # megatron/ = the working tree's stack
         # (with --new REV the tests run against this checkout's materialized megatron/)
-        data = build_report(lay.work, old_base, old_tip, new_base, new_tip,
-                            tests=_tests_for(lay.work, data, lay.root), **kw)
-    return data
+        tests = _tests_for(lay.work, new_base, new_tip, lay.root)
+    return build_report(lay.work, old_base, old_tip, new_base, new_tip, old_pin=old_pin, new_pin=new_pin,
+                        upstream_range=upstream_range, tests=tests)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.rebase.gitcmd import git
-from tools.rebase.series import parse_trailers
+from tools.rebase.series import parse_trailers, test_ids
 
 _SEP_COMMIT = "\x01"
 _SEP_BODY = "\x02"
@@ -50,10 +50,7 @@ class Commit:
 
     @property
     def tests(self) -> list:
-        out = []
-        for value in parse_trailers(self.message).get("Tests", []):
-            out.extend(v for v in re.split(r"[\s,]+", value) if v)
-        return out
+        return test_ids(parse_trailers(self.message))
 
     @property
     def key(self) -> dict:

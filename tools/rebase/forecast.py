@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc
+from tools.rebase.gitcmd import git, git_proc, init_borrowing
 from tools.rebase.paths import Layout
+from tools.rebase.state import read_state
 
 SCHEMA = "fork-rebase-forecast/1"
 
@@ -55,27 +56,18 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
     if (real / ".git").is_dir():
         work = scratch.work
         work.mkdir(parents=True)
-        git("init", "-q", "-b", "patched", cwd=work)
-        objects = (real / ".git" / "objects").resolve()
-        (work / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+        init_borrowing(work, real, "-b", "patched")
         refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/tags/upstream/",
                    "refs/upstream-history/", "refs/heads/patched", cwd=real)
         feed = "".join(f"update {ref} {sha}\n" for sha, ref in (line.split(" ", 1) for line in refs.splitlines()))
         if feed:
             git("update-ref", "--stdin", cwd=work, input=feed)
-        tip = _state_tip(layout)
+        tip = read_state(layout, tolerate_corrupt=True).get("tip")
         if tip and git_proc("cat-file", "-e", f"{tip}^{{commit}}", cwd=work).returncode == 0:
             shutil.copy2(layout.state_file, scratch.state_file)  # the stack is built: reuse it
             git("update-ref", "refs/heads/patched", tip, cwd=work)
             git("checkout", "-q", "-f", "patched", cwd=work)
     return scratch
-
-
-def _state_tip(layout) -> str:
-    try:
-        return json.loads(layout.state_file.read_text()).get("tip") or ""
-    except (FileNotFoundError, json.JSONDecodeError):
-        return ""
 
 
 def _stop_entry(j) -> dict:
@@ -114,7 +106,7 @@ def _no_kill(point, **info):
     """The scratch bump is thrown away: the kill points (``killpoints.py``) are not for it."""
 
 
-def forecast(layout, spec: str, log=print) -> dict:
+def forecast(layout, spec: str) -> dict:
     """Replay the stack onto ``spec`` in a scratch copy; return the forecast as data."""
     from tools.rebase.bump import Bump, Stopped
 

@@ -115,3 +115,15 @@ def rev_parse(repo, rev):
 
 def is_clean(repo) -> bool:
     return git("status", "--porcelain", "--untracked-files=all", cwd=repo).strip() == ""
+
+
+def init_borrowing(repo: Path, lender: Path, *init_args) -> bool:
+    """``git init`` ``repo`` reading ``lender``'s objects in place (git alternates): nothing is
+    copied and nothing ``repo`` writes reaches ``lender``. False (a plain repo) when ``lender`` has
+    no object store."""
+    git("init", "-q", *init_args, cwd=repo)
+    objects = lender / ".git" / "objects"
+    if not objects.is_dir():
+        return False
+    (repo / ".git" / "objects" / "info" / "alternates").write_text(f"{objects.resolve()}\n")
+    return True

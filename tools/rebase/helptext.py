@@ -23,7 +23,8 @@ _COMMANDS = {
     ),
     "check": (
         "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
-        "the committed patches, every Tests: id exists, README patch table current. Warns about "
+        "the committed patches, every Tests: id exists, patches/proof.json (when present) recorded for this stack, README "
+        "patch table current. Warns about "
         "work-repo commits that were never exported.",
         "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
         "about 30 s from scratch; a few seconds when the base is cached.",
@@ -33,7 +34,8 @@ _COMMANDS = {
         "that then fail to apply or to import are dropped too and named), run its Tests: there and "
         "require at least one to fail. Exits 1 on any unproven patch.",
         "nothing in the checkout; with --record, patches/proof.json and the README's Proof column.",
-        "about 10 minutes for the whole 28-patch stack on 2 cores; seconds to a minute per patch.",
+        "15 s to about a minute per patch on 2 cores; "
+        "the whole stack, the sum over its patches.",
     ),
     "list": (
         "Print the patch table (Markdown) that the README carries.",
@@ -44,9 +46,11 @@ _COMMANDS = {
         "Move the stack onto a new upstream: replay every patch with 3-way merges and recorded "
         "resolutions, drop absorbed patches, then update the pin, export patches/ and write the "
         "range-diff review report. Stops on a conflict (with its upstream causes) or a post-merge "
-        "lint finding for you to resolve (--continue, --drop, --abort restore everything exactly). "
+        "lint finding for you to resolve, then --continue (or --drop the patch); --abort restores "
+        "everything exactly. "
         "--dry-run forecasts every stop by running the bump in a scratch copy.",
-        "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, .rebase/; "
+        "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, the README's "
+        "patch table, .rebase/, and megatron/ while re-running Tests: of resolved patches; "
         "with --dry-run only --output/--json (and the download cache).",
         "tens of seconds for an sdist bump; a git bump also imports upstream history (longer the "
         "first time); re-running Tests: of resolved patches adds their test time; a --dry-run onto "
@@ -65,7 +69,7 @@ def describe(command: str) -> str:
     """The ``description`` of ``command``'s parser: what it does, then Writes: and Takes:."""
     does, writes, takes = _COMMANDS[command]
     paragraphs = (does, f"Writes: {writes}", f"Takes: {takes}")
-    return "\n\n".join(textwrap.fill(text, width=78) for text in paragraphs)
+    return "\n\n".join(textwrap.fill(text, width=78, break_on_hyphens=False) for text in paragraphs)
 
 
 def add_command(sub, name: str, help: str):

@@ -1,7 +1,7 @@
 """The bump journal: what a bump has done so far, on disk, so it survives being killed.
 
-``begin`` first copies everything a bump may change (pin, ``patches/``, the report, the tool's
-state, the last-bump record, the work repo's refs, HEAD, config and rerere cache) into
+``begin`` first copies everything a bump may change (pin, ``patches/``, the report, README.md, the
+tool's state, the last-bump record, the work repo's refs, HEAD, config and rerere cache) into
 ``.rebase/bump/backup``, writes the backup's own manifest (``backup.json``: what to put back), and
 only then writes ``journal.json``; every later step rewrites the journal atomically. While the
 journal exists a bump is in progress: ``--continue`` picks it up from the journal and the work

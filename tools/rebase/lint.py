@@ -134,14 +134,13 @@ def _new_findings(repo, path: str, text: str, baselines) -> list:
     return [f for f in found if f.key not in known]
 
 
-def lint_change(repo, parent: str, commit: str, baselines=(), files=None) -> list:
-    """New findings in the Python files ``parent..commit`` touches (``files``: those paths only).
+def lint_change(repo, parent: str, commit: str, baselines=()) -> list:
+    """New findings in the Python files ``parent..commit`` touches.
 
     ``baselines``: revisions whose version of each file is the reference (findings present there
     too are not reported), e.g. the new upstream base and the patch's old commit.
     """
-    paths = files if files is not None else python_files_changed(repo, parent, commit)
-    paths = [p for p in paths if p.endswith(".py")]
+    paths = python_files_changed(repo, parent, commit)
     blobs = read_blobs(repo, [f"{commit}:{p}" for p in paths])
     found = []
     for p in paths:

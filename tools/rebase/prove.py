@@ -5,7 +5,8 @@ repo's objects read-only (git alternates), so nothing is re-imported. Later patc
 longer apply without it are dropped too and named. The patch's tests then run in one pytest
 process against that tree's ``megatron/``, copied next to the checkout's ``tests/``. The checkout
 (work repo, ``megatron/``, ``patches/``, tool state) is never written, except ``patches/proof.json``
-with ``--record``; scratch directories are always removed.
+and the README's Proof column with ``--record``; scratch directories are removed at the end (also
+on SIGTERM: the CLI turns it into an exit).
 """
 
 import json
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, rev_parse
+from tools.rebase.gitcmd import git, init_borrowing, rev_parse
 from tools.rebase.materialize import materialize, upstream_version
 from tools.rebase.pin import load_pin
 from tools.rebase.series import load_stack
@@ -27,6 +28,7 @@ from tools.rebase.source import base_tag, import_base
 from tools.rebase.stack import am_one
 from tools.rebase.state import current_digest
 from tools.rebase.testids import invalid_test_id, missing_test
+from tools.rebase.testrun import is_under
 
 PROOF_FILE = "proof.json"
 PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
@@ -74,19 +76,17 @@ def verdict_for(outcomes: dict) -> tuple:
     return verdict, failed, skipped, missing
 
 
-def _matches(node_id: str, test: str) -> bool:
-    return test == node_id or test.startswith((node_id + "::", node_id + "["))
-
-
 def outcomes_for(node_ids: list, report: dict) -> dict:
-    """Map each ``Tests:`` id to failed / skipped / passed / not found from a plugin report."""
+    """Map each ``Tests:`` id (a directory, file, class or test) to failed / skipped / passed /
+    not found from a plugin report."""
     out = {}
     for node in node_ids:
-        file = node.split("::", 1)[0]
-        if any(err == file or _matches(err, node) for err in report.get("collect_errors", [])):
-            out[node] = "failed"  # the test module does not even import without the patch
+        # The node's file, or a file under a directory node, does not even import without the patch.
+        if any(is_under(node, err) or ("::" not in err and is_under(err, node))
+               for err in report.get("collect_errors", [])):
+            out[node] = "failed"
             continue
-        mine = [o for test, o in report.get("outcomes", {}).items() if _matches(node, test)]
+        mine = [o for test, o in report.get("outcomes", {}).items() if is_under(test, node)]
         if not mine:
             out[node] = "not found"
         elif "failed" in mine:
@@ -141,13 +141,9 @@ def _scratch_repo(layout, pin, tmp: Path) -> tuple:
     """A repo in ``tmp`` holding the pinned base; it reads the work repo's objects, never writes them."""
     repo = tmp / "tree"
     repo.mkdir()
-    git("init", "-q", cwd=repo)
     tag = base_tag(pin)
-    work_git = layout.work / ".git"
     base = None
-    if (work_git / "objects").is_dir():
-        (repo / ".git" / "objects" / "info" / "alternates").write_text(
-            str((work_git / "objects").resolve()) + "\n")
+    if init_borrowing(repo, layout.work):
         base = rev_parse(layout.work, f"refs/tags/{tag}")
     if base:
         git("tag", tag, base, cwd=repo)

@@ -98,14 +98,19 @@ class PatchFile:
 
     @property
     def tests(self):
-        out = []
-        for value in self.trailers.get("Tests", []):
-            out.extend(v for v in re.split(r"[\s,]+", value) if v)
-        return out
+        return test_ids(self.trailers)
 
     @property
     def upstream_status(self) -> str:
         return self.trailers.get("Upstream-Status", [""])[0]
+
+
+def test_ids(trailers: dict) -> list:
+    """The node ids of the ``Tests:`` trailers (one or more per line, split on spaces and commas)."""
+    out = []
+    for value in trailers.get("Tests", []):
+        out.extend(v for v in re.split(r"[\s,]+", value) if v)
+    return out
 
 
 def parse_trailers(message: str) -> dict:

@@ -19,10 +19,6 @@ _SECTION = re.compile(r"^_+ ERROR collecting (\S+) _+$")
 _E_LINE = re.compile(r"^E\s+(\S.*)$")
 
 
-def could_not_run(outcome: str) -> bool:
-    return outcome.startswith(COULD_NOT_RUN)
-
-
 def _first_error(text: str) -> str:
     for line in text.splitlines():
         m = _E_LINE.match(line)
@@ -35,11 +31,12 @@ def _first_error(text: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def _under(test: str, node: str) -> bool:
+def is_under(test: str, node: str) -> bool:
+    """``test`` is the node id ``node`` or one pytest collects under it (a directory, file or class)."""
     return test == node or test.startswith((node + "::", node + "[", node.rstrip("/") + "/"))
 
 
-def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
+def run_pytest(root, node_ids: list) -> dict:
     """``{node id: outcome}``: passed, failed, skipped, not found, or could not run: <error>."""
     # "--" ends options, but pytest loads a "-p NAME" plugin even after it: refuse such ids here too.
     refused = {n: f"refused: {invalid_test_id(n)}" for n in node_ids if invalid_test_id(n)}
@@ -47,14 +44,14 @@ def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
         return {**refused, **run_pytest(root, [n for n in node_ids if n not in refused], python)}
     if not node_ids:
         return {}
-    proc = subprocess.run([python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
                            "--continue-on-collection-errors", "--", *node_ids],  # "--": an id is never an option
                           cwd=root, capture_output=True, text=True)
     text = proc.stdout + "\n" + proc.stderr
     if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
         out = {}
         for node in node_ids:
-            out.update(run_pytest(root, [node], python))
+            out.update(run_pytest(root, [node]))
         return out
     ran = [m.groups() for m in map(_VERBOSE_LINE.match, proc.stdout.splitlines()) if m]
     broken = {}  # file -> collection error ("ERROR collecting <file>" section, first E line)
@@ -74,9 +71,9 @@ def run_pytest(root, node_ids: list, python=sys.executable) -> dict:
               if not any(t == path or t.startswith(path + "::") for t, _ in ran)}
     results = {}
     for node in node_ids:
-        mine = [outcome for test, outcome in ran if _under(test, node)]
+        mine = [outcome for test, outcome in ran if is_under(test, node)]
         failed_to_collect = next((err for path, err in broken.items()
-                                  if _under(path, node.split("::")[0]) or _under(node, path)), None)
+                                  if is_under(path, node.split("::")[0]) or is_under(node, path)), None)
         if failed_to_collect and not mine:
             results[node] = f"{COULD_NOT_RUN}: {failed_to_collect}"
         elif any(o in ("FAILED", "ERROR", "XPASS") for o in mine):
