@@ -181,6 +181,8 @@ def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
 
 
 def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
+    """The second apply starts while the first is inside its build (held there on purpose, so the
+    two really overlap): it must wait rather than share the work repo, and both end whole."""
     from tools.rebase.materialize import local_edits
 
     fork = make_fork(tmp_path)
@@ -188,10 +190,22 @@ def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     shutil.rmtree(fork.layout.work)
     shutil.rmtree(fork.root / "megatron")
     fork.layout.state_file.unlink()
-    procs = [subprocess.Popen([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "apply"],
-                              cwd=REPO_ROOT, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    outs = [p.communicate() + (p.returncode,) for p in procs]
+    first = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom tools.rebase import workrepo\nfrom tools.rebase.launch import main\n"
+        "real = workrepo.build\n"
+        "def paused(*a, **k):\n    print('building', flush=True); sys.stdin.readline(); return real(*a, **k)\n"
+        "workrepo.build = paused\nsys.exit(main(['-C', sys.argv[1], 'apply']))\n"), str(fork.root)],
+        cwd=REPO_ROOT, env=os.environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    assert first.stdout.readline().strip() == "building"
+    second = subprocess.Popen([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "apply"],
+                              cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_LOCK_WAIT="60"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):  # it waits for the first one's lock
+        second.wait(timeout=3)
+    assert not (fork.root / "megatron").exists()
+    outs = [first.communicate("\n", timeout=60) + (first.returncode,), second.communicate(timeout=60)
+            + (second.returncode,)]
     assert [rc for _, _, rc in outs] == [0, 0], outs
     assert local_edits(fork.root / "megatron") == []
     assert "alpha line 10 fork" in (fork.root / A).read_text()
