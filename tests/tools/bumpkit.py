@@ -153,3 +153,35 @@ def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
     (root / "tests").mkdir()
     (root / "tests" / "test_dummy.py").write_text("def test_ok():\n    assert True\n")
     return Fork(root, upstream)
+
+
+# ---------------------------------------------------------------- the fork checkout as a git repo
+
+def ignore_generated(fork: Fork) -> None:
+    """What a real fork's .gitignore holds: the generated megatron/ and the tool's .rebase/."""
+    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+
+
+def commit_checkout(fork: Fork, message: str) -> None:
+    """Commit the fork checkout itself (``git init`` it first if needed), as a maintainer would."""
+    if not (fork.root / ".git").exists():
+        sh("git", "init", "-q", "-b", "main", cwd=fork.root)
+    sh("git", "add", "-A", cwd=fork.root)
+    sh("git", "commit", "-q", "-m", message, cwd=fork.root)
+
+
+def assert_fresh_clone_report_is_the_committed_one(fork: Fork, tmp_path: Path) -> None:
+    """A clone of the committed checkout, with an empty cache, regenerates the committed report byte
+    for byte with plain ``report``: the record the report needs lives in history, not in .rebase/."""
+    import sys
+
+    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"],
+                          cwd=Path(__file__).resolve().parents[2],
+                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (clone / "REBASE_REPORT.json").read_bytes() == js
+    assert (clone / "REBASE_REPORT.md").read_bytes() == md

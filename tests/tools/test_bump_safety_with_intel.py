@@ -5,7 +5,6 @@ committing it; the forecast is neither blocked by the checkout's lock nor killed
 nor stopped by local edits (it reports them); pytest never reads a Tests: id as an option."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import (assert_fresh_clone_report_is_the_committed_one, commit_checkout, ignore_generated,
+                                 make_fork, quiet, replace_line, sh)
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_continue
 from tools.rebase.errors import RebaseError
@@ -232,29 +232,18 @@ def test_run_pytest_ends_options_before_the_ids(tmp_path):
 
 def test_fresh_clone_report_keeps_the_drop_note(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack([
         ("base-feature", {B: replace_line("beta line 10\n", "beta line 10 fork\nfork helper\n")}),
         ("uses-feature", {B: replace_line("fork helper\n", "fork helper used\n")}),
     ])
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    sh("git", "add", "-A", cwd=fork.root)
-    sh("git", "commit", "-q", "-m", "stack on v1", cwd=fork.root)
+    commit_checkout(fork, "stack on v1")
     fork.upstream_commit({B: replace_line("beta line 10\n", "beta line 10 upstream\n")}, "up: beta 10", tag="v2")
     with pytest.raises(Stopped):
         bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     with pytest.raises(Stopped):  # uses-feature needed base-feature's lines
         bump_continue(fork.layout, drop=True, log=quiet, test_runner=passing)
     bump_continue(fork.layout, drop=True, log=quiet, test_runner=passing)
-    sh("git", "add", "-A", cwd=fork.root)
-    sh("git", "commit", "-q", "-m", "bump to v2", cwd=fork.root)
-    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
-    assert "later patches built on its lines: uses-feature" in md.decode()
-    clone = tmp_path / "clone"
-    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"], cwd=REPO_ROOT,
-                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (clone / "REBASE_REPORT.json").read_bytes() == js
-    assert (clone / "REBASE_REPORT.md").read_bytes() == md
+    commit_checkout(fork, "bump to v2")
+    assert "later patches built on its lines: uses-feature" in fork.layout.report_md.read_text()
+    assert_fresh_clone_report_is_the_committed_one(fork, tmp_path)

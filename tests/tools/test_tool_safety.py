@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import (assert_fresh_clone_report_is_the_committed_one, commit_checkout, ignore_generated,
+                                 make_fork, quiet, replace_line, sh)
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.errors import RebaseError
@@ -312,42 +313,27 @@ def test_corrupt_journal_continue_refuses_and_abort_restores_from_backup(tmp_pat
 
 # ---------------------------------------------------------------- Also: the review report
 
-def _commit_all(root, message):
-    sh("git", "add", "-A", cwd=root)
-    sh("git", "commit", "-q", "-m", message, cwd=root)
-
-
 def test_plain_report_regenerates_the_committed_report_on_a_fresh_clone(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack(STACK)
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    _commit_all(fork.root, "stack on v1")
+    commit_checkout(fork, "stack on v1")
     upstream_v2(fork)
     stop_at_conflict(fork)
     resolve_beta(fork, "beta line 5 both")
     bump_continue(fork.layout, log=quiet, test_runner=passing)
-    _commit_all(fork.root, "bump to v2")
-    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
-    clone = tmp_path / "clone"
-    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"], cwd=REPO_ROOT,
-                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (clone / "REBASE_REPORT.json").read_bytes() == js
-    assert (clone / "REBASE_REPORT.md").read_bytes() == md
-    assert "conflict resolved by hand" in md.decode()
+    commit_checkout(fork, "bump to v2")
+    assert_fresh_clone_report_is_the_committed_one(fork, tmp_path)
+    assert "conflict resolved by hand" in fork.layout.report_md.read_text()
 
 
 def test_report_old_never_overwrites_the_review_report(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack(STACK)
     fork.layout.report_md.write_text("the review report\n")
     fork.layout.report_json.write_text("{}\n")
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    _commit_all(fork.root, "state 1")
+    commit_checkout(fork, "state 1")
     proc = cli(fork, "report", "--old", "HEAD")
     assert proc.returncode == 0, proc.stderr
     assert "identical" in proc.stdout  # the comparison goes to stdout
