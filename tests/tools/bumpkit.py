@@ -138,6 +138,18 @@ def quiet(*_a, **_k):
     pass
 
 
+def all_pass(layout, name, ids):
+    """A bump's test runner under which every Tests: id passes."""
+    return {i: "passed" for i in ids}
+
+
+def resolve_conflict(work: Path, rel: str, line: str) -> None:
+    """Replace the one conflicted region of ``rel`` in the work repo by ``line`` and stage the file."""
+    text = (work / rel).read_text()
+    (work / rel).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
+    sh("git", "add", rel, cwd=work)
+
+
 def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
     """A fork checkout pinned to a synthetic git upstream (``files``, default UPSTREAM_FILES) at v1."""
     upstream = tmp_path / "upstream"

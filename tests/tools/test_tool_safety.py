@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import (assert_fresh_clone_report_is_the_committed_one, commit_checkout, ignore_generated,
-                                 make_fork, quiet, replace_line, sh)
+from tests.tools.bumpkit import (all_pass, assert_fresh_clone_report_is_the_committed_one, commit_checkout,
+                                 ignore_generated, make_fork, quiet, replace_line, resolve_conflict, sh)
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.errors import RebaseError
@@ -37,25 +37,15 @@ def cli(fork, *args, env=None):
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True)
 
 
-def passing(layout, name, ids):
-    return {i: "passed" for i in ids}
-
-
 def upstream_v2(fork):
     """v2 rewrites the line tweak-beta changes: the bump stops there."""
     fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "upstream: beta 5")
     sh("git", "tag", "v2", cwd=fork.upstream)
 
 
-def resolve_beta(fork, line):
-    text = (fork.work / B).read_text()
-    (fork.work / B).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=fork.work)
-
-
 def stop_at_conflict(fork):
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
 
 
 # ---------------------------------------------------------------- item 3: export and patches/
@@ -109,7 +99,7 @@ def test_bump_refuses_hand_edits_in_megatron_before_starting(tmp_path, cache):
     edited.write_text(edited.read_text() + "# my experiment\n")
     before = fork.snapshot()
     with pytest.raises(RebaseError, match=r"megatron has local edits \(core/alpha\.py\); a bump would overwrite"):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
     assert edited.read_text().endswith("# my experiment\n")
     assert fork.snapshot() == before and not journal.in_progress(fork.layout)
 
@@ -121,11 +111,11 @@ def test_abort_keeps_megatron_edits_made_while_stopped(tmp_path, cache):
     fork.stack(STACK)
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     edited = fork.root / A
     edited.write_text(edited.read_text() + "# made while stopped\n")
     with pytest.raises(RebaseError, match="tests of the resolved patches would overwrite them"):
-        bump_continue(fork.layout, log=quiet, test_runner=passing)
+        bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     bump_abort(fork.layout, log=quiet)
     assert edited.read_text().endswith("# made while stopped\n")
 
@@ -223,7 +213,7 @@ def test_stale_index_lock_does_not_block_continue_or_abort(tmp_path, cache):
     upstream_v2(fork)
     before = fork.snapshot()
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     lock = fork.work / ".git" / "index.lock"
     lock.write_text("")  # what a git killed while it held the index leaves
     shell = subprocess.Popen(["sleep", "60"], cwd=fork.work)  # e.g. the maintainer's shell: no reason to wait
@@ -300,7 +290,7 @@ def test_corrupt_journal_continue_refuses_and_abort_restores_from_backup(tmp_pat
     data["phase"] = "sideways"
     path.write_text(json.dumps(data))
     with pytest.raises(RebaseError, match=r"journal is corrupt \(phase 'sideways' is not one of .*bump --abort"):
-        bump_continue(fork.layout, log=quiet, test_runner=passing)
+        bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     path.write_text("{ truncated")
     with pytest.raises(RebaseError, match="journal is corrupt"):
         bump_continue(fork.layout, log=quiet)
@@ -320,8 +310,8 @@ def test_plain_report_regenerates_the_committed_report_on_a_fresh_clone(tmp_path
     commit_checkout(fork, "stack on v1")
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     commit_checkout(fork, "bump to v2")
     assert_fresh_clone_report_is_the_committed_one(fork, tmp_path)
     assert "conflict resolved by hand" in fork.layout.report_md.read_text()
@@ -359,8 +349,8 @@ def test_abort_and_retry_still_exports_the_resolution(tmp_path, cache):
     stop_at_conflict(fork)
     bump_abort(fork.layout, log=quiet)
     stop_at_conflict(fork)  # the same conflict again, after an abort
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     stored = _stored(fork)
     assert sorted(k.split("/", 2)[2] for k in stored) == ["postimage", "preimage"], stored
     assert any(b"beta line 5 both" in v for k, v in stored.items() if k.endswith("postimage"))
@@ -371,7 +361,7 @@ def test_abort_forgets_resolutions_that_were_never_exported(tmp_path, cache):
     fork.stack(STACK)
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     bump_abort(fork.layout, log=quiet)
@@ -396,8 +386,8 @@ def test_every_resolution_the_bump_used_is_exported(tmp_path, cache):
     data = json.loads(journal.journal_path(fork.layout).read_text())
     data["stopped"]["rerere_ids"] = [f"{rid}.1"]
     journal.journal_path(fork.layout).write_text(json.dumps(data))
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     stored = _stored(fork)
     assert sorted(stored) == [f"tweak-beta/{rid}/postimage", f"tweak-beta/{rid}/preimage"], stored
     assert b"beta line 5 both" in stored[f"tweak-beta/{rid}/postimage"]
