@@ -53,6 +53,14 @@ def init(repo: Path, files: dict, message="base") -> str:
     return commit(repo, files, message)
 
 
+def branch_of_patches(repo: Path, base: str, patches, branch: str) -> str:
+    """Create ``branch`` at ``base`` with one commit per ``(edits, message)``; return its tip."""
+    sh("git", "checkout", "-q", "-b", branch, base, cwd=repo)
+    for edits, msg in patches:
+        commit(repo, edits, msg)
+    return sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+
+
 def patch_msg(name, subject=None, body="Why it exists.", tests="tests/test_dummy.py::test_ok"):
     return (f"{subject or name}\n\n{body}\n\nPatch-Name: {name}\n"
             f"Upstream-Status: fork-only test fixture\nTests: {tests}\n")
