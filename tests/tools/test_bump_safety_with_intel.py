@@ -24,12 +24,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 B, CFG = "megatron/core/beta.py", "megatron/core/config.py"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def stopped_fork(tmp_path):
     fork = make_fork(tmp_path)
     fork.stack([("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")})])

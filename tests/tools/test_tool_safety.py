@@ -25,12 +25,6 @@ STACK = [
 ]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def cli(fork, *args, env=None):
     env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), *args],
