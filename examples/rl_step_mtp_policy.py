@@ -27,6 +27,16 @@ def main():
             optimizer.zero_grad()
             policy_loss.backward()
             head_grad = policy.output_layer.weight.grad.norm().item()
+            # The MTP loss reached backward: the MTP layer (which the policy loss does not use) learns.
+            mtp_grads = [p.grad for n, p in policy.named_parameters() if n.startswith("mtp.")]
+            assert mtp_grads and all(g is not None for g in mtp_grads)
+            assert sum(g.abs().sum() for g in mtp_grads) > 0
+            if step == 0:
+                # ...but not the output layer: its gradient is the policy loss's alone.
+                neg_logp_alone = policy(tokens, positions, mask, labels=tokens, compute_mtp=False)
+                without_mtp = (advantages * neg_logp_alone).mean()
+                (head_only,) = torch.autograd.grad(without_mtp, policy.output_layer.weight)
+                torch.testing.assert_close(policy.output_layer.weight.grad, head_only)
             optimizer.step()
             print(f"step {step}: policy loss {policy_loss.item():+.4f}, output-layer grad norm {head_grad:.4f}")
             assert torch.isfinite(policy_loss)

@@ -53,6 +53,14 @@ def init(repo: Path, files: dict, message="base") -> str:
     return commit(repo, files, message)
 
 
+def branch_of_patches(repo: Path, base: str, patches, branch: str) -> str:
+    """Create ``branch`` at ``base`` with one commit per ``(edits, message)``; return its tip."""
+    sh("git", "checkout", "-q", "-b", branch, base, cwd=repo)
+    for edits, msg in patches:
+        commit(repo, edits, msg)
+    return sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+
+
 def patch_msg(name, subject=None, body="Why it exists.", tests="tests/test_dummy.py::test_ok"):
     return (f"{subject or name}\n\n{body}\n\nPatch-Name: {name}\n"
             f"Upstream-Status: fork-only test fixture\nTests: {tests}\n")
@@ -138,6 +146,18 @@ def quiet(*_a, **_k):
     pass
 
 
+def all_pass(layout, name, ids):
+    """A bump's test runner under which every Tests: id passes."""
+    return {i: "passed" for i in ids}
+
+
+def resolve_conflict(work: Path, rel: str, line: str) -> None:
+    """Replace the one conflicted region of ``rel`` in the work repo by ``line`` and stage the file."""
+    text = (work / rel).read_text()
+    (work / rel).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
+    sh("git", "add", rel, cwd=work)
+
+
 def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
     """A fork checkout pinned to a synthetic git upstream (``files``, default UPSTREAM_FILES) at v1."""
     upstream = tmp_path / "upstream"
@@ -153,3 +173,35 @@ def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
     (root / "tests").mkdir()
     (root / "tests" / "test_dummy.py").write_text("def test_ok():\n    assert True\n")
     return Fork(root, upstream)
+
+
+# ---------------------------------------------------------------- the fork checkout as a git repo
+
+def ignore_generated(fork: Fork) -> None:
+    """What a real fork's .gitignore holds: the generated megatron/ and the tool's .rebase/."""
+    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+
+
+def commit_checkout(fork: Fork, message: str) -> None:
+    """Commit the fork checkout itself (``git init`` it first if needed), as a maintainer would."""
+    if not (fork.root / ".git").exists():
+        sh("git", "init", "-q", "-b", "main", cwd=fork.root)
+    sh("git", "add", "-A", cwd=fork.root)
+    sh("git", "commit", "-q", "-m", message, cwd=fork.root)
+
+
+def assert_fresh_clone_report_is_the_committed_one(fork: Fork, tmp_path: Path) -> None:
+    """A clone of the committed checkout, with an empty cache, regenerates the committed report byte
+    for byte with plain ``report``: the record the report needs lives in history, not in .rebase/."""
+    import sys
+
+    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"],
+                          cwd=Path(__file__).resolve().parents[2],
+                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (clone / "REBASE_REPORT.json").read_bytes() == js
+    assert (clone / "REBASE_REPORT.md").read_bytes() == md

@@ -1,6 +1,7 @@
-"""The ``fork`` fixture for apply/export/check tests: a checkout pinned to a tiny git upstream.
+"""Fixtures of the tool tests: ``cache`` (a per-test download cache) and ``fork``, for the
+apply/export/check tests: a checkout pinned to a tiny git upstream.
 
-Built with the shared helpers of tests/tools/bumpkit.py; only the upstream's files differ
+``fork`` is built with the shared helpers of tests/tools/bumpkit.py; only the upstream's files differ
 (functions and constants the apply/export tests edit).
 """
 
@@ -21,3 +22,10 @@ UPSTREAM_FILES = {
 def fork(tmp_path, monkeypatch):
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
     return make_fork(tmp_path, files=UPSTREAM_FILES)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A per-test download cache, so no test reads or fills the user's."""
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line
+from tests.tools.bumpkit import make_fork, replace_line
 from tools.rebase.bump import bump
 
 A = "megatron/core/alpha.py"

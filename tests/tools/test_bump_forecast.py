@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import UPSTREAM_FILES, make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import UPSTREAM_FILES, all_pass, make_fork, quiet, replace_line, sh
 from tools.rebase.bump import Stopped, bump, bump_continue
 from tools.rebase.forecast import forecast
 
@@ -20,16 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 A, B, G = "megatron/core/alpha.py", "megatron/core/beta.py", "megatron/core/gamma.py"
 CFG = "megatron/core/config.py"
 FILES = dict(UPSTREAM_FILES, **{CFG: "class Config:\n" + "".join(f"    f{i}: int = {i}\n" for i in range(30))})
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def runner(layout, name, ids):
-    return {i: "passed" for i in ids}
 
 
 def untouched_state(fork):
@@ -87,11 +77,11 @@ def test_forecast_uses_recorded_resolutions_and_exits_zero(tmp_path, cache):
     fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "up: beta 5", tag="v2")
     pin, patches = fork.layout.pin.read_bytes(), fork.patch_files()
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=runner)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
     text = (fork.work / B).read_text()
     (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 both\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
     sh("git", "add", B, cwd=fork.work)
-    bump_continue(fork.layout, log=quiet, test_runner=runner)
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     clone = make_fork(tmp_path, name="clone")  # the old stack plus the recorded resolution
     clone.layout.pin.write_bytes(pin)
     for name, data in patches.items():

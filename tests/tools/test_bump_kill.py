@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import Fork, make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import Fork, make_fork, quiet, replace_line, resolve_conflict, sh
 from tools.rebase import journal
 from tools.rebase.killpoints import KILL_ENV, POINTS
 from tools.rebase.paths import Layout
@@ -86,12 +86,6 @@ def upstream_v2(fork):
     sh("git", "tag", "v2", cwd=fork.upstream)
 
 
-def resolve_beta(work):
-    text = (work / B).read_text()
-    (work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 both\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=work)
-
-
 def state_of(root: Path) -> dict:
     """Everything abort must restore: checkout files, megatron/, tool state, work repo refs, HEAD,
     index, config and rerere cache."""
@@ -134,7 +128,7 @@ class World:
 
             with pytest.raises(Stopped):
                 bump(donor.layout, self.spec, log=quiet, test_runner=runner)
-            resolve_beta(donor.work)
+            resolve_conflict(donor.work, B, "beta line 5 both")
             bump_continue(donor.layout, log=quiet, test_runner=runner)
             shutil.copytree(donor.layout.resolutions, fork.layout.resolutions)
             self.pre_bump = state_of(fork.root)  # what abort must restore
@@ -144,7 +138,7 @@ class World:
             self.pre_bump = state_of(fork.root)
             with pytest.raises(Stopped):
                 bump(fork.layout, self.spec, log=quiet, test_runner=runner)
-            resolve_beta(fork.work)
+            resolve_conflict(fork.work, B, "beta line 5 both")
         self.root = fork.root
         self.before = state_of(self.root)
         self.fake = tmp / "fakegit"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import make_fork, replace_line, sh
 from tools.rebase import source
 from tools.rebase.listing import BEGIN, END
 from tools.rebase.pin import load_pin

@@ -5,7 +5,6 @@ committing it; the forecast is neither blocked by the checkout's lock nor killed
 nor stopped by local edits (it reports them); pytest never reads a Tests: id as an option."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import (all_pass, assert_fresh_clone_report_is_the_committed_one, commit_checkout,
+                                 ignore_generated, make_fork, quiet, replace_line, resolve_conflict, sh)
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_continue
 from tools.rebase.errors import RebaseError
@@ -24,28 +24,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 B, CFG = "megatron/core/beta.py", "megatron/core/config.py"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def passing(layout, name, ids):
-    return {i: "passed" for i in ids}
-
-
-def resolve_beta(work, line):
-    text = (work / B).read_text()
-    (work / B).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=work)
-
-
 def stopped_fork(tmp_path):
     fork = make_fork(tmp_path)
     fork.stack([("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")})])
     fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "up: beta 5", tag="v2")
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
     return fork
 
 
@@ -62,8 +46,8 @@ def test_journal_without_the_new_stop_fields_loads_and_continues(tmp_path, cache
     path.write_text(json.dumps(data))
     old = journal.load(fork.layout)
     assert (old.stopped.kind, old.stopped.analysis, old.stopped.findings) == ("conflict", None, [])
-    resolve_beta(fork.work, "beta line 5 both")
-    data = bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    data = bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     assert data["counts"]["modified"] == 1 and not journal.in_progress(fork.layout)
 
 
@@ -118,9 +102,9 @@ def test_recorded_resolution_that_breaks_a_file_stops_even_after_a_kill(tmp_path
     pin, patches = fork.layout.pin.read_bytes(), fork.patch_files()
     fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "up: beta 5", tag="v2")
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
-    resolve_beta(fork.work, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)  # records the resolution
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)  # records the resolution
     # v3 also adds `extra` far away: the recorded resolution applies and the merge is clean, broken.
     fork.upstream_commit({CFG: replace_line("    f27: int = 27\n", "    f27: int = 27\n    extra: int = 1\n")},
                          "up: extra", tag="v3")
@@ -136,13 +120,13 @@ def test_recorded_resolution_that_breaks_a_file_stops_even_after_a_kill(tmp_path
         kw = {"hook": hook} if hook else {}
         if hook:
             with pytest.raises(Killed):
-                bump(clone.layout, f"git:{fork.upstream}@v3", log=quiet, test_runner=passing, **kw)
+                bump(clone.layout, f"git:{fork.upstream}@v3", log=quiet, test_runner=all_pass, **kw)
             assert journal.load(clone.layout).picking is not None  # committed, not yet recorded
             with pytest.raises(Stopped) as stop:
-                bump_continue(clone.layout, log=quiet, test_runner=passing)
+                bump_continue(clone.layout, log=quiet, test_runner=all_pass)
         else:
             with pytest.raises(Stopped) as stop:
-                bump(clone.layout, f"git:{fork.upstream}@v3", log=quiet, test_runner=passing)
+                bump(clone.layout, f"git:{fork.upstream}@v3", log=quiet, test_runner=all_pass)
         assert "0001-both merged without a conflict" in str(stop.value), name
         assert "'extra' is defined twice in class Config" in str(stop.value)
         j = journal.load(clone.layout)
@@ -186,7 +170,7 @@ def test_forecast_is_not_blocked_by_the_lock_kill_points_or_local_edits(tmp_path
     assert any("a real bump would refuse to start now" in w and "local edits" in w for w in data["warnings"])
     assert edited.read_text().endswith("# local edit\n")
     with pytest.raises(RebaseError, match="local edits"):  # the real bump still refuses
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
 
 
 def test_forecast_ignores_unlisted_patch_files_but_warns(tmp_path, cache):
@@ -232,29 +216,18 @@ def test_run_pytest_ends_options_before_the_ids(tmp_path):
 
 def test_fresh_clone_report_keeps_the_drop_note(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack([
         ("base-feature", {B: replace_line("beta line 10\n", "beta line 10 fork\nfork helper\n")}),
         ("uses-feature", {B: replace_line("fork helper\n", "fork helper used\n")}),
     ])
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    sh("git", "add", "-A", cwd=fork.root)
-    sh("git", "commit", "-q", "-m", "stack on v1", cwd=fork.root)
+    commit_checkout(fork, "stack on v1")
     fork.upstream_commit({B: replace_line("beta line 10\n", "beta line 10 upstream\n")}, "up: beta 10", tag="v2")
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
     with pytest.raises(Stopped):  # uses-feature needed base-feature's lines
-        bump_continue(fork.layout, drop=True, log=quiet, test_runner=passing)
-    bump_continue(fork.layout, drop=True, log=quiet, test_runner=passing)
-    sh("git", "add", "-A", cwd=fork.root)
-    sh("git", "commit", "-q", "-m", "bump to v2", cwd=fork.root)
-    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
-    assert "later patches built on its lines: uses-feature" in md.decode()
-    clone = tmp_path / "clone"
-    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"], cwd=REPO_ROOT,
-                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (clone / "REBASE_REPORT.json").read_bytes() == js
-    assert (clone / "REBASE_REPORT.md").read_bytes() == md
+        bump_continue(fork.layout, drop=True, log=quiet, test_runner=all_pass)
+    bump_continue(fork.layout, drop=True, log=quiet, test_runner=all_pass)
+    commit_checkout(fork, "bump to v2")
+    assert "later patches built on its lines: uses-feature" in fork.layout.report_md.read_text()
+    assert_fresh_clone_report_is_the_committed_one(fork, tmp_path)

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, replace_line
+from tests.tools.bumpkit import make_fork, quiet, replace_line
 from tools.rebase.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
@@ -39,17 +39,21 @@ UPSTREAM = {
 }
 
 
-def quiet(*_a, **_k):
-    pass
-
-
-@pytest.fixture
-def fork(tmp_path, monkeypatch):
+def _fork_with_scratch(tmp_path, monkeypatch):
+    """A fork on UPSTREAM whose temporary folders go to ``fork.scratch``, so a test can see that
+    prove removes every one it made."""
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     fork = make_fork(tmp_path, files=UPSTREAM)
+    fork.scratch = scratch
+    return fork
+
+
+@pytest.fixture
+def fork(tmp_path, monkeypatch):
+    fork = _fork_with_scratch(tmp_path, monkeypatch)
     for rel, text in TESTS.items():
         (fork.root / rel).write_text(text)
     fork.stack([
@@ -61,7 +65,6 @@ def fork(tmp_path, monkeypatch):
         ("alpha-seventy-one", {"megatron/core/alpha.py": replace_line("return 70", "return 71")},
          None, "Why.", "tests/test_alpha.py::test_seventy_one"),
     ])
-    fork.scratch = scratch
     return fork
 
 
@@ -172,11 +175,7 @@ def test_later_patch_that_imports_the_proven_ones_module_is_dropped_too(tmp_path
     # Without "extra-module", "init-imports-extra" still applies (another file) but megatron.core
     # no longer imports, and the conftest that imports it would stop every test: prove must drop
     # the later patch as well, say so, and still run the proven patch's tests.
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    fork = make_fork(tmp_path, files=UPSTREAM)
+    fork = _fork_with_scratch(tmp_path, monkeypatch)
     (fork.root / "tests" / "conftest.py").write_text("import megatron.core  # noqa: F401\n")
     (fork.root / "tests" / "test_extra.py").write_text(
         "def test_extra_value():\n    from megatron.core.extra import VALUE\n    assert VALUE == 5\n")
@@ -189,6 +188,7 @@ def test_later_patch_that_imports_the_proven_ones_module_is_dropped_too(tmp_path
     (proof,) = prove(fork.layout, ["extra-module"], log=quiet)
     assert proof.verdict == "proven"
     assert proof.dropped == ["init-imports-extra"]
+    assert list(fork.scratch.iterdir()) == [], "scratch directories must be removed"
 
 
 def test_outcomes_for_a_directory_id_and_a_file_that_does_not_import():

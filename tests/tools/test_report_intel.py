@@ -2,24 +2,17 @@
 subject that changes only its series counter is not message-only (item 3), and the review focus
 credits each patch with its own files and the upstream commits that touched them (item 7)."""
 
-from tests.tools.bumpkit import commit, init, numbered, patch_msg, replace_line, sh
+from tests.tools.bumpkit import branch_of_patches, commit, init, numbered, patch_msg, replace_line, sh
 from tools.rebase.report import build_report
 
 FIVE = "".join(f"f line {i}\n" for i in range(3, 8))
-
-
-def _stack(repo, base, patches, branch):
-    sh("git", "checkout", "-q", "-b", branch, base, cwd=repo)
-    for edits, msg in patches:
-        commit(repo, edits, msg)
-    return sh("git", "rev-parse", "HEAD", cwd=repo).strip()
 
 
 def test_folded_patch_counter_only_subject_and_own_file_review(tmp_path):
     repo = tmp_path / "repo"
     b0 = init(repo, {f"{t}.py": numbered(t) for t in "fghk"}, "upstream 1.0")
     block = "".join(f"fork_value_{i} = {i}\n" for i in range(4))
-    old_tip = _stack(repo, b0, [
+    old_tip = branch_of_patches(repo, b0, [
         ({"f.py": replace_line(FIVE, block)}, patch_msg("fold-me", subject="[1/3] fold me")),
         ({"g.py": replace_line("g line 5\n", "g line 5 fork\n")}, patch_msg("keeper", subject="[2/3] keeper")),
         ({"h.py": replace_line("h line 9\n", "h line 9 fork\n")}, patch_msg("counted", subject="[3/3] counted")),
@@ -30,7 +23,7 @@ def test_folded_patch_counter_only_subject_and_own_file_review(tmp_path):
     up2 = commit(repo, {"h.py": replace_line("h line 30\n", "h line 30 up\n"),
                         "k.py": replace_line("k line 2\n", "k line 2 up\n")}, "upstream: h and k")
     b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
-    new_tip = _stack(repo, b1, [
+    new_tip = branch_of_patches(repo, b1, [
         ({"f.py": replace_line(FIVE.replace("\n", " up\n"), block),
           "g.py": replace_line("g line 5\n", "g line 5 fork\n")}, patch_msg("keeper", subject="[1/2] keeper")),
         ({"h.py": replace_line("h line 9\n", "h line 9 fork\n")}, patch_msg("counted", subject="[2/2] counted")),
@@ -57,7 +50,7 @@ def test_real_wording_change_stays_message_only(tmp_path):
     repo = tmp_path / "repo"
     b0 = init(repo, {"a.py": numbered("a")}, "upstream 1.0")
     edit = {"a.py": replace_line("a line 3\n", "a line 3 fork\n")}
-    old_tip = _stack(repo, b0, [(edit, patch_msg("p", subject="[1/1] fix the thing"))], "old")
-    new_tip = _stack(repo, b0, [(edit, patch_msg("p", subject="[1/1] fix the other thing"))], "new")
+    old_tip = branch_of_patches(repo, b0, [(edit, patch_msg("p", subject="[1/1] fix the thing"))], "old")
+    new_tip = branch_of_patches(repo, b0, [(edit, patch_msg("p", subject="[1/1] fix the other thing"))], "new")
     (row,) = build_report(repo, b0, old_tip, b0, new_tip)["mapping"]
     assert row["status"] == "message-only"

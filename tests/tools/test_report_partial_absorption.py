@@ -2,15 +2,8 @@
 upstream commit that made the same change, or deleted or moved the file; a patch absorbed in
 pieces by several commits names them all."""
 
-from tests.tools.bumpkit import commit, init, numbered, patch_msg, replace_line, sh
+from tests.tools.bumpkit import branch_of_patches, commit, init, numbered, patch_msg, replace_line, sh
 from tools.rebase.report import build_report
-
-
-def _stack(repo, base, patches, branch):
-    sh("git", "checkout", "-q", "-b", branch, base, cwd=repo)
-    for edits, msg in patches:
-        commit(repo, edits, msg)
-    return sh("git", "rev-parse", "HEAD", cwd=repo).strip()
 
 
 def test_missing_parts_and_pieces_name_their_upstream_commits(tmp_path):
@@ -22,7 +15,7 @@ def test_missing_parts_and_pieces_name_their_upstream_commits(tmp_path):
     h_edit = {"h.py": replace_line("h line 6\n", "h line 6 fork\n")}
     m_edit = {"m.py": replace_line("m line 9\n", "m line 9 fork one\nm more fork\n")}
     n_edit = {"n.py": replace_line("n line 9\n", "n line 9 fork two\nn more fork\n")}
-    old_tip = _stack(repo, b0, [
+    old_tip = branch_of_patches(repo, b0, [
         ({**f_edit, **g_edit}, patch_msg("same-change")),
         ({**k_edit, **h_edit}, patch_msg("file-moved")),
         ({**m_edit, **n_edit}, patch_msg("in-pieces")),
@@ -34,7 +27,7 @@ def test_missing_parts_and_pieces_name_their_upstream_commits(tmp_path):
     piece1 = commit(repo, m_edit, "upstream: m.py part")
     piece2 = commit(repo, n_edit, "upstream: n.py part")
     b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
-    new_tip = _stack(repo, b1, [(f_edit, patch_msg("same-change")), (k_edit, patch_msg("file-moved"))], "new")
+    new_tip = branch_of_patches(repo, b1, [(f_edit, patch_msg("same-change")), (k_edit, patch_msg("file-moved"))], "new")
 
     rows = {e["patch_name"]: e for e in build_report(repo, b0, old_tip, b1, new_tip)["mapping"]}
     assert rows["same-change"]["status"] == "modified"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import (all_pass, assert_fresh_clone_report_is_the_committed_one, commit_checkout,
+                                 ignore_generated, make_fork, quiet, replace_line, resolve_conflict, sh)
 from tools.rebase import journal
 from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.errors import RebaseError
@@ -24,20 +25,10 @@ STACK = [
 ]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def cli(fork, *args, env=None):
     env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-
-
-def passing(layout, name, ids):
-    return {i: "passed" for i in ids}
 
 
 def upstream_v2(fork):
@@ -46,15 +37,9 @@ def upstream_v2(fork):
     sh("git", "tag", "v2", cwd=fork.upstream)
 
 
-def resolve_beta(fork, line):
-    text = (fork.work / B).read_text()
-    (fork.work / B).write_text(text.split("<<<<<<<")[0] + line + "\n" + text.split(">>>>>>>")[1].split("\n", 1)[1])
-    sh("git", "add", B, cwd=fork.work)
-
-
 def stop_at_conflict(fork):
     with pytest.raises(Stopped):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
 
 
 # ---------------------------------------------------------------- item 3: export and patches/
@@ -108,7 +93,7 @@ def test_bump_refuses_hand_edits_in_megatron_before_starting(tmp_path, cache):
     edited.write_text(edited.read_text() + "# my experiment\n")
     before = fork.snapshot()
     with pytest.raises(RebaseError, match=r"megatron has local edits \(core/alpha\.py\); a bump would overwrite"):
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=all_pass)
     assert edited.read_text().endswith("# my experiment\n")
     assert fork.snapshot() == before and not journal.in_progress(fork.layout)
 
@@ -120,11 +105,11 @@ def test_abort_keeps_megatron_edits_made_while_stopped(tmp_path, cache):
     fork.stack(STACK)
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     edited = fork.root / A
     edited.write_text(edited.read_text() + "# made while stopped\n")
     with pytest.raises(RebaseError, match="tests of the resolved patches would overwrite them"):
-        bump_continue(fork.layout, log=quiet, test_runner=passing)
+        bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     bump_abort(fork.layout, log=quiet)
     assert edited.read_text().endswith("# made while stopped\n")
 
@@ -181,6 +166,8 @@ def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
 
 
 def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
+    """The second apply starts while the first is inside its build (held there on purpose, so the
+    two really overlap): it must wait rather than share the work repo, and both end whole."""
     from tools.rebase.materialize import local_edits
 
     fork = make_fork(tmp_path)
@@ -188,10 +175,22 @@ def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     shutil.rmtree(fork.layout.work)
     shutil.rmtree(fork.root / "megatron")
     fork.layout.state_file.unlink()
-    procs = [subprocess.Popen([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "apply"],
-                              cwd=REPO_ROOT, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    outs = [p.communicate() + (p.returncode,) for p in procs]
+    first = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom tools.rebase import workrepo\nfrom tools.rebase.launch import main\n"
+        "real = workrepo.build\n"
+        "def paused(*a, **k):\n    print('building', flush=True); sys.stdin.readline(); return real(*a, **k)\n"
+        "workrepo.build = paused\nsys.exit(main(['-C', sys.argv[1], 'apply']))\n"), str(fork.root)],
+        cwd=REPO_ROOT, env=os.environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    assert first.stdout.readline().strip() == "building"
+    second = subprocess.Popen([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "apply"],
+                              cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_LOCK_WAIT="60"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):  # it waits for the first one's lock
+        second.wait(timeout=3)
+    assert not (fork.root / "megatron").exists()
+    outs = [first.communicate("\n", timeout=60) + (first.returncode,), second.communicate(timeout=60)
+            + (second.returncode,)]
     assert [rc for _, _, rc in outs] == [0, 0], outs
     assert local_edits(fork.root / "megatron") == []
     assert "alpha line 10 fork" in (fork.root / A).read_text()
@@ -208,7 +207,7 @@ def test_stale_index_lock_does_not_block_continue_or_abort(tmp_path, cache):
     upstream_v2(fork)
     before = fork.snapshot()
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     lock = fork.work / ".git" / "index.lock"
     lock.write_text("")  # what a git killed while it held the index leaves
     shell = subprocess.Popen(["sleep", "60"], cwd=fork.work)  # e.g. the maintainer's shell: no reason to wait
@@ -285,7 +284,7 @@ def test_corrupt_journal_continue_refuses_and_abort_restores_from_backup(tmp_pat
     data["phase"] = "sideways"
     path.write_text(json.dumps(data))
     with pytest.raises(RebaseError, match=r"journal is corrupt \(phase 'sideways' is not one of .*bump --abort"):
-        bump_continue(fork.layout, log=quiet, test_runner=passing)
+        bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     path.write_text("{ truncated")
     with pytest.raises(RebaseError, match="journal is corrupt"):
         bump_continue(fork.layout, log=quiet)
@@ -298,42 +297,27 @@ def test_corrupt_journal_continue_refuses_and_abort_restores_from_backup(tmp_pat
 
 # ---------------------------------------------------------------- Also: the review report
 
-def _commit_all(root, message):
-    sh("git", "add", "-A", cwd=root)
-    sh("git", "commit", "-q", "-m", message, cwd=root)
-
-
 def test_plain_report_regenerates_the_committed_report_on_a_fresh_clone(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack(STACK)
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    _commit_all(fork.root, "stack on v1")
+    commit_checkout(fork, "stack on v1")
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
-    _commit_all(fork.root, "bump to v2")
-    md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
-    clone = tmp_path / "clone"
-    sh("git", "clone", "-q", str(fork.root), str(clone), cwd=tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(clone), "report"], cwd=REPO_ROOT,
-                          env=dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache2")),
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (clone / "REBASE_REPORT.json").read_bytes() == js
-    assert (clone / "REBASE_REPORT.md").read_bytes() == md
-    assert "conflict resolved by hand" in md.decode()
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
+    commit_checkout(fork, "bump to v2")
+    assert_fresh_clone_report_is_the_committed_one(fork, tmp_path)
+    assert "conflict resolved by hand" in fork.layout.report_md.read_text()
 
 
 def test_report_old_never_overwrites_the_review_report(tmp_path, cache):
     fork = make_fork(tmp_path)
-    (fork.root / ".gitignore").write_text("/megatron/\n/.rebase/\n")
+    ignore_generated(fork)
     fork.stack(STACK)
     fork.layout.report_md.write_text("the review report\n")
     fork.layout.report_json.write_text("{}\n")
-    sh("git", "init", "-q", "-b", "main", cwd=fork.root)
-    _commit_all(fork.root, "state 1")
+    commit_checkout(fork, "state 1")
     proc = cli(fork, "report", "--old", "HEAD")
     assert proc.returncode == 0, proc.stderr
     assert "identical" in proc.stdout  # the comparison goes to stdout
@@ -359,8 +343,8 @@ def test_abort_and_retry_still_exports_the_resolution(tmp_path, cache):
     stop_at_conflict(fork)
     bump_abort(fork.layout, log=quiet)
     stop_at_conflict(fork)  # the same conflict again, after an abort
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     stored = _stored(fork)
     assert sorted(k.split("/", 2)[2] for k in stored) == ["postimage", "preimage"], stored
     assert any(b"beta line 5 both" in v for k, v in stored.items() if k.endswith("postimage"))
@@ -371,7 +355,7 @@ def test_abort_forgets_resolutions_that_were_never_exported(tmp_path, cache):
     fork.stack(STACK)
     upstream_v2(fork)
     stop_at_conflict(fork)
-    resolve_beta(fork, "beta line 5 both")
+    resolve_conflict(fork.work, B, "beta line 5 both")
     with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     bump_abort(fork.layout, log=quiet)
@@ -396,8 +380,8 @@ def test_every_resolution_the_bump_used_is_exported(tmp_path, cache):
     data = json.loads(journal.journal_path(fork.layout).read_text())
     data["stopped"]["rerere_ids"] = [f"{rid}.1"]
     journal.journal_path(fork.layout).write_text(json.dumps(data))
-    resolve_beta(fork, "beta line 5 both")
-    bump_continue(fork.layout, log=quiet, test_runner=passing)
+    resolve_conflict(fork.work, B, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     stored = _stored(fork)
     assert sorted(stored) == [f"tweak-beta/{rid}/postimage", f"tweak-beta/{rid}/preimage"], stored
     assert b"beta line 5 both" in stored[f"tweak-beta/{rid}/postimage"]

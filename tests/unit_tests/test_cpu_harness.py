@@ -5,6 +5,7 @@ CUDA stand-ins (tests/unit_tests/cpu_compat.py), which would hide what the shipp
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -52,11 +53,19 @@ def test_without_the_harness_megatron_needs_cuda():
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
         parallel_state.initialize_model_parallel()
+        print("model parallel set up", flush=True)
         model_parallel_cuda_manual_seed(1234)
         train_step()
+        print("trained", flush=True)
     """)
     assert proc.returncode != 0
     assert "cuda" in proc.stderr.lower() or "nvidia" in proc.stderr.lower(), proc.stderr[-2000:]
+    # It failed for the reason the harness exists: the gloo group and model parallelism came up,
+    # then a call into torch.cuda raised (not some unrelated error that mentions CUDA in passing).
+    assert "model parallel set up" in proc.stdout and "trained" not in proc.stdout, proc.stderr[-2000:]
+    frames = re.findall(r'File "([^"]+)"', proc.stderr)
+    assert frames and Path(frames[-1]).parent.name == "cuda" and "torch" in Path(frames[-1]).parts, \
+        proc.stderr[-2000:]
 
 
 def test_single_process_trains_a_step_and_cleans_up():

@@ -41,7 +41,7 @@ def run_pytest(root, node_ids: list) -> dict:
     # "--" ends options, but pytest loads a "-p NAME" plugin even after it: refuse such ids here too.
     refused = {n: f"refused: {invalid_test_id(n)}" for n in node_ids if invalid_test_id(n)}
     if refused:
-        return {**refused, **run_pytest(root, [n for n in node_ids if n not in refused], python)}
+        return {**refused, **run_pytest(root, [n for n in node_ids if n not in refused])}
     if not node_ids:
         return {}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",

@@ -116,6 +116,28 @@ def build(te_ext, kind, config, is_expert=False, bias=True):
     )
 
 
+def build_layernorm_column(te_ext, config, bias):
+    """QKV / fc1 of the TE spec: a norm fused in front of a column-sharded linear."""
+    return te_ext.TELayerNormColumnParallelLinear(
+        32,
+        48,
+        config=config,
+        init_method=torch.nn.init.normal_,
+        gather_output=False,
+        bias=bias,
+        skip_bias_add=False,
+        is_expert=False,
+    )
+
+
+def layernorm_column_tags(bias):
+    """The linear part is column-sharded; the fused norm is the same on every tensor-parallel rank."""
+    expected = {"weight": "column", "layer_norm_weight": "duplicated", "layer_norm_bias": "duplicated"}
+    if bias:
+        expected["bias"] = "column"
+    return expected
+
+
 def tags(module):
     return {name: getattr(p, "parallel_mode", "<missing>") for name, p in module.named_parameters()}
 
@@ -155,24 +177,8 @@ class TestTELinearParallelModeTagsStandIn:
         """QKV and fc1 of the TE spec: the linear part is column-sharded, the fused norm is
         the same on every tensor-parallel rank."""
         config = tiny_config(use_cpu_initialization=cpu_init)
-        layer = te_ext.TELayerNormColumnParallelLinear(
-            32,
-            48,
-            config=config,
-            init_method=torch.nn.init.normal_,
-            gather_output=False,
-            bias=bias,
-            skip_bias_add=False,
-            is_expert=False,
-        )
-        expected = {
-            "weight": "column",
-            "layer_norm_weight": "duplicated",
-            "layer_norm_bias": "duplicated",
-        }
-        if bias:
-            expected["bias"] = "column"
-        assert tags(layer) == expected
+        layer = build_layernorm_column(te_ext, config, bias=bias)
+        assert tags(layer) == layernorm_column_tags(bias)
 
     def test_expert_helper_tags_numbered_grouped_parameters(self, te_ext):
         module = torch.nn.Module()
@@ -203,23 +209,8 @@ class TestTELinearParallelModeTagsRealTE:
                     layer = build(te_ext, kind, config, is_expert=is_expert)
                     found = tags(layer)
                     assert found and set(found.values()) == {kind}, (kind, is_expert, found)
-            layer = te_ext.TELayerNormColumnParallelLinear(
-                32,
-                48,
-                config=config,
-                init_method=torch.nn.init.normal_,
-                gather_output=False,
-                bias=True,
-                skip_bias_add=False,
-                is_expert=False,
-            )
-            found = tags(layer)
-            assert found == {
-                "weight": "column",
-                "bias": "column",
-                "layer_norm_weight": "duplicated",
-                "layer_norm_bias": "duplicated",
-            }, found
+            found = tags(build_layernorm_column(te_ext, config, bias=True))
+            assert found == layernorm_column_tags(bias=True), found
             for cls, kind in (
                 (te_ext.TEColumnParallelGroupedLinear, "column"),
                 (te_ext.TERowParallelGroupedLinear, "row"),

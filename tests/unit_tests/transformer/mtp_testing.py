@@ -26,6 +26,7 @@ __all__ = [
     "is_zero_grad",
     "mtp_only_backward",
     "main_only_backward",
+    "train_on_batch",
 ]
 
 
@@ -60,6 +61,21 @@ def build_model(config, tied=False, with_mtp=True, seed=1234):
         mtp_block_spec=mtp_spec,
         share_embeddings_and_output_weights=tied,
     )
+
+
+def train_on_batch(model, batch, steps, lr=3e-3):
+    """``steps`` Adam steps on one fixed ``(tokens, position_ids, mask)`` batch, the tokens as their
+    own labels; returns the losses. The last step's gradients stay on the parameters."""
+    tokens, position_ids, mask = batch
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(tokens, position_ids, mask, labels=tokens).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
 
 
 def grad_of(param):

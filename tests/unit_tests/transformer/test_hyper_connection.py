@@ -30,6 +30,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     tiny_moe_mtp_config,
 )
 from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.transformer.mtp_testing import train_on_batch
 
 N = 2
 
@@ -444,15 +445,7 @@ class TestGPTWithHyperConnections:
     def test_trains_with_falling_loss(self):
         torch.manual_seed(0)
         model = build_gpt(mhc_config(), with_mtp=False)
-        tokens, position_ids, mask = causal_batch()
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        losses = []
-        for _ in range(6):
-            opt.zero_grad()
-            loss = model(tokens, position_ids, mask, labels=tokens).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train_on_batch(model, causal_batch(), steps=6)
         assert all(torch.isfinite(torch.tensor(losses)))
         assert losses[-1] < losses[0] - 0.1, losses
         missing = [n for n, p in model.named_parameters() if p.grad is None]

@@ -216,7 +216,9 @@ def _saved_large_tensors(fn, x):
     return saved
 
 
-def _check_saves_no_copies(mod, device, dtype):
+def _saved_stream_copies(mod, device, dtype):
+    """What ``mod``'s mHC sublayer keeps for backward that is as large as the streams ``x`` but is
+    not ``x`` itself: the copies of the streams (empty for the fused path)."""
     n, h, T = 4, 16, 64  # x larger than the mapping weight
     p, _ = _params(T, n, h, dtype, device, seed=11)
     p = {k: v.requires_grad_(True) for k, v in p.items()}
@@ -257,7 +259,7 @@ class TestFusedConfigAndDispatch:
     def test_native_saves_fp32_copies_of_the_streams(self):
         # The memory point of the fused path, shown on the reference: its RMS-normalised fp32
         # copy of the streams is kept for backward (the fused path keeps none; checked below).
-        assert _check_saves_no_copies(native, "cpu", torch.float32)
+        assert _saved_stream_copies(native, "cpu", torch.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,7 +300,7 @@ class TestFusedKernelsInterpreter:
         _modules_fused_vs_native(n=3, h=24, s=3, b=2, dtype=torch.float32, device="cpu", tol=1e-5)
 
     def test_fused_saves_no_copies_of_the_streams(self):
-        assert _check_saves_no_copies(fused, "cpu", torch.float32) == []
+        assert _saved_stream_copies(fused, "cpu", torch.float32) == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,8 +329,8 @@ class TestFusedKernelsOnGPU:  # run on the H200
         _modules_fused_vs_native(n=4, h=1024, s=64, b=2, dtype=dtype, device="cuda", tol=tol)
 
     def test_fused_saves_no_copies_of_the_streams_bf16(self):
-        assert _check_saves_no_copies(fused, "cuda", torch.bfloat16) == []
-        assert _check_saves_no_copies(native, "cuda", torch.bfloat16)
+        assert _saved_stream_copies(fused, "cuda", torch.bfloat16) == []
+        assert _saved_stream_copies(native, "cuda", torch.bfloat16)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_gpt_step_fused_default_equals_native(self, dtype):

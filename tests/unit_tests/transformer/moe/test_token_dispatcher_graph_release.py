@@ -89,6 +89,9 @@ def _unreleased_checkpoint_inputs(model, iterations):
             assert int(addr) in live, "the checkpoint input was not allocated while profiling"
             watched.append((int(layer), int(addr), live[int(addr)]))
         else:
+            # Every layer's checkpoint input was watched in this step: an empty result means freed,
+            # not "nothing was looked at".
+            assert sorted(layer for layer, _, _ in watched) == list(range(len(model.decoder.layers))), watched
             result.append(sorted(layer for layer, addr, at in watched if live.get(addr) == at))
             watched = []
     assert len(result) == iterations
