@@ -616,7 +616,7 @@ def test_forecast_copies_patches_without_following_links(fork, tmp_path):
     (tmp_path / "victim" / "alpha-seven").mkdir(parents=True)
     os.symlink(tmp_path / "victim", fork.layout.resolutions)
     with pytest.raises(RebaseError, match="resolutions: recorded resolutions must not be symlinks"):
-        forecast(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+        forecast(fork.layout, f"git:{fork.upstream}@v2")
 
 
 @pytest.mark.parametrize("minor, why", [("int('42')", "MINOR is not a literal"), ("(", "does not parse")])
