@@ -647,3 +647,95 @@ def test_pytest_runners_refuse_a_plugin_option_even_if_validation_is_bypassed(tm
     assert not marker.exists()
     assert outcomes["tests/test_a.py::test_ok"] == "passed"
     assert outcomes["-pevil"].startswith("refused: starts with '-'")
+
+
+# ---------------------------------------------------------------- the tool's own paths as committed symlinks
+
+def _tree_digest(path: Path) -> dict:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["patches", ".rebase", "megatron", "REBASE_REPORT.md", "upstream.toml"])
+def test_a_tool_path_committed_as_a_symlink_is_refused_before_anything_is_written(fork, tmp_path, capsys, name):
+    """A PR can commit ``patches`` (or ``.rebase``, ``megatron``, the report, the pin) as a link to a
+    folder outside the checkout; writing through it would land there."""
+    two_patch_stack(fork)
+    (fork.root / "REBASE_REPORT.md").write_text("report\n")
+    outside = tmp_path / "outside"
+    shutil.move(fork.root / name, outside)
+    os.symlink(outside, fork.root / name)
+    before = _tree_digest(outside) if outside.is_dir() else outside.read_bytes()
+    with pytest.raises(RebaseError, match=rf"{re.escape(name)} must not be symlinks"):
+        apply(fork.layout, log=quiet, force=True)
+    with pytest.raises(RebaseError, match=rf"{re.escape(name)} must not be symlinks"):
+        export(fork.layout, log=quiet)
+    code, _, err = run_cli(capsys, "-C", fork.root, "list")
+    assert code != 0 and f"{name} must not be symlinks" in err
+    assert (_tree_digest(outside) if outside.is_dir() else outside.read_bytes()) == before
+
+
+def test_prove_copies_links_in_tests_as_links_and_refuses_a_linked_tests_folder(fork, tmp_path):
+    from tools.rebase.prove import _prepare_run_dir
+
+    secret = tmp_path / "secret.py"
+    secret.write_text("SECRET = 1\n")
+    (fork.root / "tests").mkdir(exist_ok=True)
+    os.symlink(secret, fork.root / "tests" / "linked.py")
+    _prepare_run_dir(fork.layout, tmp_path / "run")
+    copied = tmp_path / "run" / "tests" / "linked.py"
+    assert copied.is_symlink() and os.readlink(copied) == str(secret)
+
+    shutil.move(fork.root / "tests", tmp_path / "real-tests")
+    os.symlink(tmp_path / "real-tests", fork.root / "tests")
+    with pytest.raises(RebaseError, match="tests must not be a symlink"):
+        _prepare_run_dir(fork.layout, tmp_path / "run2")
+
+
+def test_prove_record_is_refused_when_the_stack_changed_during_the_run(fork):
+    from tools.rebase.prove import PROVEN, Proof, proof_path, stack_digest_now, write_record
+    from tools.rebase.series import load_stack
+
+    two_patch_stack(fork)
+    proved = stack_digest_now(fork.layout)
+    proofs = [Proof(p.name, tests=1, failed=1, verdict=PROVEN) for p in load_stack(fork.layout)[1]]
+    path = fork.layout.patches / "0002-beta-extra.patch"
+    path.write_text(path.read_text().replace("Why it exists.", "Why it exists, edited during the run."))
+    with pytest.raises(RebaseError, match="changed while prove ran; nothing was recorded"):
+        write_record(fork.layout, proofs, proved)
+    assert not proof_path(fork.layout).exists()
+    write_record(fork.layout, proofs, stack_digest_now(fork.layout))
+    assert proof_path(fork.layout).is_file()
+
+
+def test_export_that_refuses_a_new_patch_leaves_patches_and_state_as_they_were(fork):
+    """The version is read and the new files parsed before patches/ is touched."""
+    from tools.rebase.state import read_state
+
+    two_patch_stack(fork)
+    before, state = fork.patch_files(), read_state(fork.layout)
+    fork.add_patch("computed-version", {"megatron/core/package_info.py":
+                                        lambda t: t.replace("MINOR = 42", "MINOR = int('42')")})
+    with pytest.raises(RebaseError, match="package_info.py: MINOR is not a literal"):
+        export(fork.layout, log=quiet)
+    assert fork.patch_files() == before
+    assert read_state(fork.layout) == state
+    assert not list(fork.layout.state_dir.glob("export-*"))
+
+
+# ---------------------------------------------------------------- relative local paths
+
+def test_a_pin_with_a_relative_local_path_is_refused_and_onto_resolves_one_where_it_was_typed(
+        fork, tmp_path, monkeypatch):
+    from tools.rebase.pin import load_pin, parse_spec
+
+    text = fork.layout.pin.read_text()
+    url = re.search(r'url = "([^"]+)"', text)[1]
+    fork.layout.pin.write_text(text.replace(url, "../upstream"))
+    with pytest.raises(RebaseError, match=r"upstream.toml: url '../upstream' is a relative local path"):
+        load_pin(fork.layout.pin)
+    fork.layout.pin.write_text(text.replace(url, "git@example.invalid:upstream.git"))
+    assert load_pin(fork.layout.pin).url == "git@example.invalid:upstream.git"
+
+    monkeypatch.chdir(tmp_path)
+    assert parse_spec("git:some/repo@v2") == ("git", str(tmp_path / "some" / "repo"), "v2")
+    assert parse_spec("git:https://example.invalid/x.git@v2")[1] == "https://example.invalid/x.git"

@@ -54,11 +54,12 @@ def _cmd_list(args, lay):
 
 
 def _cmd_prove(args, lay):
-    from tools.rebase.prove import UNPROVEN, prove, table, write_record
+    from tools.rebase.prove import UNPROVEN, prove, stack_digest_now, table, write_record
 
     if args.record and args.patches:
         raise RebaseError("--record proves every patch of the series; leave out the patch names")
     # A terminated run still removes its scratch directories (and kills its pytest child).
+    proved_digest = stack_digest_now(lay)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         proofs = prove(lay, args.patches)
@@ -68,7 +69,7 @@ def _cmd_prove(args, lay):
     if args.record:
         from tools.rebase.listing import update_readme
 
-        print(f"wrote {write_record(lay, proofs)}")
+        print(f"wrote {write_record(lay, proofs, proved_digest)}")
         print("README.md updated" if update_readme(lay) else "README.md already current")
     unproven = [p.name for p in proofs if p.verdict == UNPROVEN]
     if unproven:

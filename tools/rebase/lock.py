@@ -57,6 +57,7 @@ def locked(layout, command: str, wait: float = 0.0):
         finally:
             _held[key][1] -= 1
         return
+    layout.refuse_links()  # before .rebase/ is created or entered
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + _wait_seconds(wait)

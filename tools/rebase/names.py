@@ -73,6 +73,25 @@ def git_ref(value, where: str, field: str = "ref") -> str:
     return value
 
 
+def is_local_path(url: str) -> bool:
+    """Whether git reads ``url`` as a path on this machine: no ``scheme://`` and no scp-style
+    ``host:path`` (a colon before the first slash), the same rule git applies."""
+    if "://" in url:
+        return False
+    colon, slash = url.find(":"), url.find("/")
+    return colon == -1 or (slash != -1 and slash < colon)
+
+
+def pinned_git_url(value, where: str) -> str:
+    """A committed pin is read from every directory of the checkout (and by CI): a relative path
+    would name a different repository from each, so a local path in a pin must be absolute."""
+    url = git_url(value, where)
+    if is_local_path(url) and not url.startswith("/"):
+        raise RebaseError(f"{where}: url {url!r} is a relative local path; a pin names a URL or an "
+                          f"absolute path (bump --mirror PATH keeps a canonical URL in the pin)")
+    return url
+
+
 def git_url(value, where: str, field: str = "url") -> str:
     not_an_option(value, field, where)
     if _HELPER.match(value):

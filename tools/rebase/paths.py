@@ -75,6 +75,18 @@ class Layout:
     def report_json(self) -> Path:
         return self.root / "REBASE_REPORT.json"
 
+    def refuse_links(self) -> None:
+        """A pull request can commit any of the tool's own paths as a symlink (``.gitignore`` does not
+        stop a committed file): writing through one would land outside the checkout, reading through
+        one would pull an outside file in. Refuse before anything is read or written."""
+        owned = (self.pin, self.patches, self.state_dir, self.package, self.report_md, self.report_json)
+        linked = [p.name for p in owned if p.is_symlink()]
+        if linked:
+            raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
+                              f"and writes them in place); replace them with real files or folders")
+
 
 def layout(start=None) -> Layout:
-    return Layout(find_root(start))
+    found = Layout(find_root(start))
+    found.refuse_links()
+    return found

@@ -97,7 +97,7 @@ def pin_from_table(table: dict, where: str) -> Pin:
                 f"{where}: commit must be a full 40-hex commit id, got {commit!r}"
             )
         ref = table.get("ref", "")
-        return Pin("git", url=names.git_url(table["url"], where), commit=commit,
+        return Pin("git", url=names.pinned_git_url(table["url"], where), commit=commit,
                    ref=names.git_ref(ref, where) if ref != "" else "")
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
@@ -117,5 +117,8 @@ def parse_spec(spec: str):
         url, sep, ref = body.rpartition("@")
         if not sep or not url or not ref:
             raise RebaseError(f"bad spec {spec!r}: expected git:URL-or-path@ref")
-        return ("git", names.git_url(url, where), names.git_ref(ref, where))
+        url = names.git_url(url, where)
+        if names.is_local_path(url):  # typed on the command line: relative to where it was typed
+            url = str(Path(url).expanduser().resolve())
+        return ("git", url, names.git_ref(ref, where))
     raise RebaseError(f"bad spec {spec!r}: expected pypi:NAME==VERSION or git:URL-or-path@ref")

@@ -156,10 +156,12 @@ def _scratch_repo(layout, pin, tmp: Path) -> tuple:
 def _prepare_run_dir(layout, run: Path) -> None:
     run.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in _RUN_COPIES:
+    for name in _RUN_COPIES:  # links are copied as links: an outside file is never copied in
         src = layout.root / name
+        if src.is_symlink():
+            raise RebaseError(f"prove: {src} must not be a symlink; nothing was run")
         if src.is_dir():
-            shutil.copytree(src, run / name, ignore=ignore)
+            shutil.copytree(src, run / name, symlinks=True, ignore=ignore)
         elif src.is_file():
             shutil.copy2(src, run / name)
     shutil.copy2(Path(__file__).with_name("prove_report.py"), run / f"{_PLUGIN}.py")
@@ -286,13 +288,25 @@ def proof_path(layout) -> Path:
     return layout.patches / PROOF_FILE
 
 
-def write_record(layout, proofs: list) -> Path:
-    """Write ``patches/proof.json`` for the whole current stack (atomic)."""
+def stack_digest_now(layout) -> str:
+    _, patches = load_stack(layout)
+    return current_digest(layout, patches)
+
+
+def write_record(layout, proofs: list, proved_digest: str) -> Path:
+    """Write ``patches/proof.json`` for the whole current stack (atomic).
+
+    ``proved_digest`` is the stack the proofs were made on (read before ``prove`` ran): an edit,
+    apply or export during the run would otherwise get a record it was never proven for.
+    """
     _, patches = load_stack(layout)
     if [p.name for p in proofs] != [p.name for p in patches]:
         raise RebaseError("--record needs a proof of every patch in the series (run prove without names)")
+    if current_digest(layout, patches) != proved_digest:
+        raise RebaseError(f"{layout.patches} or the pin changed while prove ran; nothing was recorded. "
+                          f"Run prove --record again.")
     data = {
-        "stack_digest": current_digest(layout, patches),
+        "stack_digest": proved_digest,
         "patches": [asdict(p) for p in proofs],
     }
     path = proof_path(layout)

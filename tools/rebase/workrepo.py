@@ -1,12 +1,16 @@
 """The maintainer-facing operations on the work repo: ``apply`` (files -> commits -> megatron/)
 and ``export`` (commits -> files). Neither ever discards uncommitted or unexported work."""
 
+import shutil
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, is_clean, rev_parse
 from tools.rebase.lock import locked
 from tools.rebase.materialize import commit_tree_copy, fork_version, local_edits, materialize, upstream_version
+from tools.rebase.paths import Layout
 from tools.rebase.pin import load_pin
 from tools.rebase.series import load_stack, read_series, render_series
 from tools.rebase.source import import_base
@@ -178,9 +182,18 @@ def write_patches(layout, pin, base: str, tip: str):
     files = export_range(layout.work, base, tip)
     old_series = read_series(layout.series) if layout.series.is_file() else None
     series_text = render_series([n for n, _ in files], old_series, header=SERIES_HEADER)
+    # Everything that can refuse (the version, parsing the new patch files) runs before patches/
+    # is touched, on a staged copy: a refused export leaves patches/ and the state as they were.
+    upstream = upstream_version(layout.work / "megatron" / "core" / "package_info.py")
+    with tempfile.TemporaryDirectory(prefix="export-", dir=layout.state_dir) as tmp:
+        staged = Layout(Path(tmp))
+        staged.patches.mkdir()
+        shutil.copyfile(layout.pin, staged.pin)
+        write_patch_dir(staged.patches, files, series_text)
+        _, patches = load_stack(staged)
+        digest = current_digest(staged, patches)
     changed = write_patch_dir(layout.patches, files, series_text)
-    _, patches = load_stack(layout)
-    digest = current_digest(layout, patches)
-    version = stamp_version(layout, layout.work, digest, len(patches))
+    patches = [replace(p, path=layout.patches / p.path.name) for p in patches]
+    version = fork_version(upstream, len(patches), digest)
     write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
     return changed, patches, version
