@@ -18,13 +18,53 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def sublayer(mod, p, n, iters):
-    h_pre, h_post, h_res = mod.mhc_mappings(
-        p["x"], p["w"], p["b"], p["a_pre"], p["a_post"], p["a_res"],
-        num_streams=n, sinkhorn_iters=iters, norm_eps=1e-5,
-    )  # fmt: skip
-    u = mod.pre_aggregate(p["x"], h_pre)
+def sublayer(mod, p, n, iters, split=False):
+    """What HyperConnection does per sublayer (``mhc_input``, then ``post_combine``); ``split``:
+    through the separate functions instead (mappings, then pre-aggregate: three dx tensors)."""
+    args = (p["x"], p["w"], p["b"], p["a_pre"], p["a_post"], p["a_res"])
+    kw = dict(num_streams=n, sinkhorn_iters=iters, norm_eps=1e-5)
+    if split:
+        h_pre, h_post, h_res = mod.mhc_mappings(*args, **kw)
+        u = mod.pre_aggregate(p["x"], h_pre)
+    else:
+        u, h_post, h_res = mod.mhc_input(*args, **kw)
     return mod.post_combine(p["x"], h_res, h_post, u * 0.5)
+
+
+def gpu_ms(fn, calls=20):
+    """GPU time per call of ``fn`` queued back to back (launch gaps hidden when GPU-bound)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def sweep(fused, p, gout, n, iters):
+    """Launch shapes of the projection forward and the fused input backward, timed."""
+    x, w = p["x"].detach(), p["w"].detach()
+    saved = {k: getattr(fused, k) for k in ("_PROJ_BT", "_PROJ_BK", "_PROJ_WARPS", "_PROJ_STAGES",
+                                            "_IN_BT", "_IN_BH", "_IN_WARPS", "_GW_TOKENS")}  # fmt: skip
+    for cfg in [(16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 8, 3), (64, 64, 4, 4), (64, 128, 8, 3),
+                (16, 256, 4, 4), (32, 64, 4, 4), (128, 64, 8, 3)]:  # fmt: skip
+        fused._PROJ_BT, fused._PROJ_BK, fused._PROJ_WARPS, fused._PROJ_STAGES = cfg
+        print(f"sweep proj fwd BT,BK,warps,stages={cfg}: {gpu_ms(lambda: fused._proj_forward(x, w, 1e-5)) * 1e3:7.1f} us")
+    for k, v in saved.items():
+        setattr(fused, k, v)
+
+    def step():
+        torch.autograd.backward(sublayer(fused, p, n, iters), gout)
+
+    for cfg in [(32, 128, 4, 512), (32, 64, 4, 512), (64, 128, 8, 512), (32, 128, 4, 1024),
+                (32, 256, 8, 512), (16, 128, 4, 256), (64, 64, 4, 1024)]:  # fmt: skip
+        fused._IN_BT, fused._IN_BH, fused._IN_WARPS, fused._GW_TOKENS = cfg
+        print(f"sweep input bwd BT,BH,warps,tokens={cfg}: fused fwd+bwd GPU {gpu_ms(step) * 1e3:7.1f} us")
+    for k, v in saved.items():
+        setattr(fused, k, v)
 
 
 def time_ms(fn, repeats):
@@ -46,6 +86,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--impls", nargs="*", default=["native", "fused-split", "fused"],
+                    choices=["native", "fused-split", "fused"])  # fmt: skip
+    ap.add_argument("--sweep", action="store_true", help="time launch shapes of the fused kernels")
+    ap.add_argument("--profile", action="store_true", help="print a kernel-level torch.profiler table of fused fwd+bwd")
     a = ap.parse_args()
     from megatron.core.transformer import hyper_connection as native
     from megatron.core.transformer import hyper_connection_fused as fused
@@ -66,9 +110,11 @@ def main():
     # (three times, summed by autograd) and dy -- counted in whole [T, n*h] / [T, h] passes.
     fwd_bytes = 3 * stream_bytes + stream_bytes + 2 * T * h * 2
     print(f"tokens {T}, streams {n}, hidden {h}, bf16; one [T, n*h] pass = {stream_bytes / 2**20:.0f} MiB")
-    for name, mod in (("native", native), ("fused", fused)):
+    for name in a.impls:
+        mod, split = (native, False) if name == "native" else (fused, name == "fused-split")
+
         def fwd():
-            return sublayer(mod, p, n, a.iters)
+            return sublayer(mod, p, n, a.iters, split)
 
         def fwd_bwd():
             out = fwd()
@@ -84,9 +130,28 @@ def main():
         fwd_bwd()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        print(f"{name:7} fwd {f[0]:7.3f} ms ({f[1]:.3f}-{f[2]:.3f})  fwd+bwd {fb[0]:7.3f} ms "
-              f"({fb[1]:.3f}-{fb[2]:.3f})  extra peak {peak:8.1f} MiB  "
+        gpu = gpu_ms(fwd_bwd)
+        print(f"{name:11} fwd {f[0]:7.3f} ms ({f[1]:.3f}-{f[2]:.3f})  fwd+bwd {fb[0]:7.3f} ms "
+              f"({fb[1]:.3f}-{fb[2]:.3f})  fwd+bwd GPU {gpu:6.3f} ms  extra peak {peak:8.1f} MiB  "
               f"fwd GB/s at the fused minimum {fwd_bytes / f[0] / 1e6:7.0f}")  # fmt: skip
+
+    if a.sweep:
+        sweep(fused, p, gout, n, a.iters)
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        def fused_step():
+            out = sublayer(fused, p, n, a.iters)
+            torch.autograd.backward(out, gout)
+
+        fused_step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fused_step()
+            torch.cuda.synchronize()
+        print("fused fwd+bwd, 10 steps, CUDA kernels:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
 
 
 if __name__ == "__main__":
