@@ -45,26 +45,73 @@ def gpu_ms(fn, calls=20):
 
 
 def sweep(fused, p, gout, n, iters):
-    """Launch shapes of the projection forward and the fused input backward, timed."""
+    """Launch shapes of the fused kernels, each kernel timed alone (GPU time, back to back)."""
+    import triton
+
     x, w = p["x"].detach(), p["w"].detach()
-    saved = {k: getattr(fused, k) for k in ("_PROJ_BT", "_PROJ_BK", "_PROJ_WARPS", "_PROJ_STAGES",
-                                            "_IN_BT", "_IN_BH", "_IN_WARPS", "_GW_TOKENS")}  # fmt: skip
-    for cfg in [(16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 8, 3), (64, 64, 4, 4), (64, 128, 8, 3),
-                (16, 256, 4, 4), (32, 64, 4, 4), (128, 64, 8, 3)]:  # fmt: skip
+    T, D = x.shape
+    h, C = D // n, w.shape[0]
+    f32 = dict(device=x.device, dtype=torch.float32)
+    saved = {k: getattr(fused, k) for k in ("_PROJ_BT", "_PROJ_BK", "_PROJ_WARPS", "_PROJ_STAGES")}
+    for cfg in [(64, 128, 8, 3), (64, 128, 8, 4), (64, 256, 8, 3), (128, 128, 8, 3)]:
         fused._PROJ_BT, fused._PROJ_BK, fused._PROJ_WARPS, fused._PROJ_STAGES = cfg
         print(f"sweep proj fwd BT,BK,warps,stages={cfg}: {gpu_ms(lambda: fused._proj_forward(x, w, 1e-5)) * 1e3:7.1f} us")
     for k, v in saved.items():
         setattr(fused, k, v)
+    gu = torch.randn(T, h, device=x.device, dtype=x.dtype)
+    gxp = torch.randn_like(x)
+    gx = torch.empty_like(x)
+    hp, gz = torch.rand(T, n, **f32), torch.randn(T, C, **f32) * 1e-2
+    rstd, coef = torch.rand(T, **f32), torch.rand(T, **f32) * 1e-3
+    for bt, bh, warps, ts, stages in [(32, 128, 4, 1024, 3), (32, 128, 4, 256, 3), (32, 64, 4, 256, 3),
+                                      (64, 64, 4, 512, 3), (16, 128, 4, 256, 3), (32, 128, 8, 512, 3),
+                                      (64, 128, 8, 1024, 3), (16, 64, 2, 128, 3), (32, 256, 8, 256, 3),
+                                      (32, 128, 4, 256, 1), (64, 128, 4, 512, 2)]:  # fmt: skip
+        splits = triton.cdiv(T, ts)
+        gw = torch.empty(splits, C, D, **f32)
 
-    def step():
-        torch.autograd.backward(sublayer(fused, p, n, iters), gout)
+        def run():
+            fused._in_bwd_kernel[(n, triton.cdiv(h, bh), splits)](
+                x, w, gu, hp, gz, rstd, coef, gxp, gx, gw, T, h, C, ts, N=n, BT=bt, BH=bh, BC=32,
+                num_warps=warps, num_stages=stages, ADD_GX=True, PREC="tf32",
+            )  # fmt: skip
+            gw.sum(0)
 
-    for cfg in [(32, 128, 4, 512), (32, 64, 4, 512), (64, 128, 8, 512), (32, 128, 4, 1024),
-                (32, 256, 8, 512), (16, 128, 4, 256), (64, 64, 4, 1024)]:  # fmt: skip
-        fused._IN_BT, fused._IN_BH, fused._IN_WARPS, fused._GW_TOKENS = cfg
-        print(f"sweep input bwd BT,BH,warps,tokens={cfg}: fused fwd+bwd GPU {gpu_ms(step) * 1e3:7.1f} us")
-    for k, v in saved.items():
-        setattr(fused, k, v)
+        print(f"sweep input bwd BT,BH,warps,tokens,stages={(bt, bh, warps, ts, stages)}: {gpu_ms(run) * 1e3:7.1f} us")
+    g_pre = torch.empty(T, n, **f32)
+    for bt, bh, warps in [(4, 256, 4), (2, 256, 4), (8, 128, 4), (1, 1024, 4), (4, 512, 8), (16, 64, 4)]:
+        def run():
+            fused._pre_dh_kernel[(triton.cdiv(T, bt),)](x, gu, g_pre, T, h, N=n, NP=n, BT=bt, BH=bh, num_warps=warps)
+
+        print(f"sweep pre dH BT,BH,warps={(bt, bh, warps)}: {gpu_ms(run) * 1e3:7.1f} us")
+    h_res = torch.softmax(torch.randn(T, n, n, **f32), -1)
+    h_post = torch.rand(T, n, **f32)
+
+    class Ctx:
+        saved_tensors = (x, h_res, h_post, gu)
+
+    saved = (fused._STREAM_BT, fused._STREAM_BH)
+    for bt, bh in [(4, 256), (2, 256), (8, 128), (2, 512), (1, 1024), (8, 256), (16, 64)]:
+        fused._STREAM_BT, fused._STREAM_BH = bt, bh
+        with torch.no_grad():
+            fwd = gpu_ms(lambda: fused.post_combine(x, h_res, h_post, gu))
+        bwd = gpu_ms(lambda: fused._PostCombine.backward(Ctx(), gxp))
+        print(f"sweep post BT,BH={(bt, bh)}: fwd {fwd * 1e3:7.1f} us  bwd {bwd * 1e3:7.1f} us")
+    fused._STREAM_BT, fused._STREAM_BH = saved
+
+
+def cpu_ms(fn, calls=20):
+    """Host time to issue one call of ``fn`` (no synchronisation; the queue does not fill)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e3 / calls
 
 
 def time_ms(fn, repeats):
@@ -131,8 +178,9 @@ def main():
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         gpu = gpu_ms(fwd_bwd)
+        cpu = cpu_ms(fwd_bwd, 10)
         print(f"{name:11} fwd {f[0]:7.3f} ms ({f[1]:.3f}-{f[2]:.3f})  fwd+bwd {fb[0]:7.3f} ms "
-              f"({fb[1]:.3f}-{fb[2]:.3f})  fwd+bwd GPU {gpu:6.3f} ms  extra peak {peak:8.1f} MiB  "
+              f"({fb[1]:.3f}-{fb[2]:.3f})  fwd+bwd queued {gpu:6.3f} ms, host {cpu:6.3f} ms  extra peak {peak:8.1f} MiB  "
               f"fwd GB/s at the fused minimum {fwd_bytes / f[0] / 1e6:7.0f}")  # fmt: skip
 
     if a.sweep:
