@@ -90,6 +90,26 @@ def _impl_all(mod, p, n):
     return dict(h_pre=h_pre, h_post=h_post, h_res=h_res, u=u, new=new, out=out)
 
 
+def _impl_input(mod, p, n, linked=True):
+    """The same computation with the sublayer input through ``mhc_input`` (one autograd node in
+    the fused path: its backward writes dx once); H_pre is internal there, so not compared.
+    ``linked``: the combine gets the same ``x`` object (the fused path then routes its dx through
+    that node); otherwise another view of it (its dx is summed by autograd)."""
+    u, h_post, h_res = mod.mhc_input(
+        p["x"], p["w"], p["b"], p["a_pre"], p["a_post"], p["a_res"],
+        num_streams=n, sinkhorn_iters=ITERS, norm_eps=EPS,
+    )  # fmt: skip
+    x = p["x"] if linked else p["x"].view_as(p["x"])
+    new = mod.post_combine(x, h_res, h_post, torch.tanh(u))
+    wh = mod.head_weights(new, p["head_fn"], p["head_base"], p["head_scale"], norm_eps=EPS)
+    out = mod.pre_aggregate(new, wh)
+    return dict(h_post=h_post, h_res=h_res, u=u, new=new, out=out)
+
+
+def _impl_input_unlinked(mod, p, n):
+    return _impl_input(mod, p, n, linked=False)
+
+
 def _params(T, n, h, dtype, device, seed):
     gen = torch.Generator().manual_seed(seed)
     C = n * n + 2 * n
@@ -123,11 +143,15 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _compare_against_float64(T, n, h, dtype, device, tol):
+def _compare_against_float64(T, n, h, dtype, device, tol, impl=_impl_all):
     p, _ = _params(T, n, h, dtype, device, seed=T * 100 + n * 10 + h)
-    ref_outs, ref_grads = _run(_ref_all, {k: v.double() for k, v in p.items()}, n)
-    nat_outs, nat_grads = _run(lambda q, n: _impl_all(native, q, n), p, n)
-    fus_outs, fus_grads = _run(lambda q, n: _impl_all(fused, q, n), p, n)
+    nat_outs, nat_grads = _run(lambda q, n: impl(native, q, n), p, n)
+    fus_outs, fus_grads = _run(lambda q, n: impl(fused, q, n), p, n)
+
+    def ref(q, n):
+        return {k: v for k, v in _ref_all(q, n).items() if k in nat_outs}
+
+    ref_outs, ref_grads = _run(ref, {k: v.double() for k, v in p.items()}, n)
     for name in ref_outs:
         assert fus_outs[name].dtype == nat_outs[name].dtype, name
         assert torch.isfinite(fus_outs[name]).all(), name
@@ -230,7 +254,12 @@ def _saved_stream_copies(mod, device, dtype):
             num_streams=n, sinkhorn_iters=ITERS, norm_eps=EPS,
         )  # fmt: skip
         u = mod.pre_aggregate(x, hp)
-        return mod.post_combine(x, hr, hq, torch.tanh(u))
+        new = mod.post_combine(x, hr, hq, torch.tanh(u))
+        u2, hq2, hr2 = mod.mhc_input(
+            x, p["w"], p["b"], p["a_pre"], p["a_post"], p["a_res"],
+            num_streams=n, sinkhorn_iters=ITERS, norm_eps=EPS,
+        )  # fmt: skip
+        return new + mod.post_combine(x, hr2, hq2, torch.tanh(u2))
 
     return [t for t in _saved_large_tensors(sublayer, x) if t.data_ptr() != x.data_ptr()]
 
@@ -287,6 +316,11 @@ class TestFusedKernelsInterpreter:
     def test_functions_match_float64_formulas(self, n, h):
         _compare_against_float64(T=5, n=n, h=h, dtype=torch.float32, device="cpu", tol=1e-5)
 
+    @pytest.mark.parametrize("impl", [_impl_input, _impl_input_unlinked])
+    @pytest.mark.parametrize("n,h", [(3, 24), (4, 40)])
+    def test_mhc_input_matches_float64_formulas(self, n, h, impl):
+        _compare_against_float64(T=5, n=n, h=h, dtype=torch.float32, device="cpu", tol=1e-5, impl=impl)
+
     def test_sinkhorn_extremes_finite_and_equal_to_native(self):
         _check_sinkhorn_extremes("cpu")
 
@@ -295,6 +329,9 @@ class TestFusedKernelsInterpreter:
         # the last one ragged.
         monkeypatch.setattr(fused, "_GW_TOKENS", 64)
         _compare_against_float64(T=130, n=2, h=8, dtype=torch.float32, device="cpu", tol=1e-5)
+        _compare_against_float64(
+            T=130, n=2, h=8, dtype=torch.float32, device="cpu", tol=1e-5, impl=_impl_input
+        )
 
     def test_modules_fused_equal_native(self):
         _modules_fused_vs_native(n=3, h=24, s=3, b=2, dtype=torch.float32, device="cpu", tol=1e-5)
@@ -320,6 +357,20 @@ class TestFusedKernelsOnGPU:  # run on the H200
     @pytest.mark.parametrize("n,h", [(4, 2048), (3, 200)])
     def test_functions_match_float64_formulas(self, dtype, tol, n, h):
         _compare_against_float64(T=37, n=n, h=h, dtype=dtype, device="cuda", tol=tol)
+
+    @pytest.mark.parametrize("impl", [_impl_input, _impl_input_unlinked])
+    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-4), (torch.bfloat16, 2e-2)])
+    @pytest.mark.parametrize("n,h", [(4, 2048), (3, 200)])
+    def test_mhc_input_matches_float64_formulas(self, dtype, tol, n, h, impl):
+        _compare_against_float64(T=37, n=n, h=h, dtype=dtype, device="cuda", tol=tol, impl=impl)
+
+    def test_weight_gradient_summed_over_token_ranges(self, monkeypatch):
+        # several token ranges of the dW reduction, the last one ragged, at a real hidden size
+        monkeypatch.setattr(fused, "_GW_TOKENS", 64)
+        for impl in (_impl_all, _impl_input):
+            _compare_against_float64(
+                T=150, n=4, h=256, dtype=torch.float32, device="cuda", tol=5e-4, impl=impl
+            )
 
     def test_sinkhorn_extremes_finite_and_equal_to_native(self):
         _check_sinkhorn_extremes("cuda")
