@@ -102,14 +102,7 @@ def commit_message(repo: Path, commit: str) -> str:
 
 def export_range(repo: Path, base: str, tip: str) -> list:
     """Return ``[(file_name, bytes)]`` for base..tip in order; names come from Patch-Name."""
-    merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
-    if merges:
-        raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
-    if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
-        raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
-    _refuse_symlinks(repo, base, tip)
-    log = git("log", "--reverse", "--format=%H%x00%B%x01", f"{base}..{tip}", cwd=repo)
-    commits = [entry.strip("\n").split("\x00", 1) for entry in log.split("\x01") if entry.strip()]
+    commits = _linear_range(repo, base, tip)
     names, seen = [], {}
     for commit, message in commits:
         subject = message.splitlines()[0] if message else ""
@@ -134,14 +127,41 @@ def export_range(repo: Path, base: str, tip: str) -> list:
             for number, (name, data) in enumerate(zip(names, bodies), start=1)]
 
 
-def _refuse_symlinks(repo: Path, base: str, tip: str) -> None:
+def _is_full_id(rev: str) -> bool:
+    return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)
+
+
+def _linear_range(repo: Path, base: str, tip: str) -> list:
+    """``[(commit, message)]`` of base..tip, oldest first, after the checks an export needs: no
+    merge commit, ``base`` an ancestor of ``tip``, no symlink. One ``git log`` answers all of
+    them (parents, messages and raw file modes); a merge-base call only when the ids cannot tell."""
+    out = git("log", "--reverse", "--no-renames", "--raw", "--no-abbrev",
+              "--format=%x01%H%x00%P%x00%B%x02", f"{base}..{tip}", cwd=repo)
+    rows = []
+    for chunk in out.split("\x01")[1:]:
+        head, _, raw = chunk.partition("\x02")
+        commit, parents, message = head.split("\x00", 2)
+        rows.append((commit, parents.split(), message.rstrip("\n"), raw))
+    merges = [commit for commit, parents, _, _ in reversed(rows) if len(parents) > 1]  # newest first
+    if merges:
+        raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
+    # Linear range: base is an ancestor of tip exactly when the oldest commit's parent is base
+    # (or the range is empty and tip is base).
+    if _is_full_id(base) and (rows or _is_full_id(tip)):
+        ancestor = rows[0][1] == [base] if rows else tip == base
+    else:
+        ancestor = git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode == 0
+    if not ancestor:
+        raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
+    for commit, _, _, raw in rows:
+        _refuse_symlink_lines(commit, raw)
+    return [(commit, message) for commit, _, message, _ in rows]
+
+
+def _refuse_symlink_lines(commit: str, raw: str) -> None:
     """A commit that adds or changes a symlink cannot become a patch (the package has none)."""
-    out = git("log", "--no-renames", "--raw", "--no-abbrev", "--format=commit %H", f"{base}..{tip}", cwd=repo)
-    commit = ""
-    for line in out.splitlines():
-        if line.startswith("commit "):
-            commit = line[7:]
-        elif line.startswith(":") and line.split(" ", 2)[1] == "120000":
+    for line in raw.splitlines():
+        if line.startswith(":") and line.split(" ", 2)[1] == "120000":
             raise RebaseError(f"commit {commit[:12]} adds a symlink, {line.split(chr(9), 1)[1]!r}; the "
                               f"package must not contain symlinks: replace it with a file. Nothing was written.")
 
