@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pairs
-from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
+from tools.rebase.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
 from tools.rebase import absorption
@@ -28,10 +28,23 @@ def utc(ts: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
-    """Describe a base: from its pin when it has one, else from the commit itself."""
-    when, _, subject = git("show", "-s", "--format=%ct %s", commit, cwd=repo).strip().partition(" ")
-    info = {"commit": commit, "date": utc(int(when))}
+def commit_dates(repo: Path, *commits) -> dict:
+    """``{commit: (committer time, subject)}`` for full commit ids, in one git call."""
+    wanted = sorted(set(c for c in commits if c))
+    out = git("show", "-s", "--format=%H %ct %s", *wanted, "--", cwd=repo) if wanted else ""
+    found = {}
+    for line in out.splitlines():
+        sha, when, subject = (line.split(" ", 2) + [""])[:3]
+        found[sha] = (int(when), subject)
+    return found
+
+
+def base_info(repo: Path, commit: str, pin=None, real: str = "", shown=None) -> dict:
+    """Describe a base: from its pin when it has one, else from the commit itself. ``shown``:
+    ``commit_dates`` of the base (and ``real``) when the caller already has them."""
+    shown = shown if shown is not None else commit_dates(repo, commit, real)
+    when, subject = shown[commit]
+    info = {"commit": commit, "date": utc(when)}
     if pin is None:
         info.update(kind="commit", label=commit[:12], subject=subject)
     elif pin.kind == "pypi":
@@ -41,7 +54,7 @@ def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
         info.update(kind="git", label=f"{pin.ref or pin.commit[:12]}", url=pin.url,
                     upstream_commit=pin.commit, ref=pin.ref)
         if real:
-            info["date"] = utc(int(git("show", "-s", "--format=%ct", real, cwd=repo).strip()))
+            info["date"] = utc(shown[real][0])
     return info
 
 
@@ -86,21 +99,23 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                 raise RebaseError(f"{repo}: {rev!r} does not name a commit")
         raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
     old_base, old_tip, new_base, new_tip = resolved
+    stacks = []
     for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
         if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
             raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
-        merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
+        commits, merges = read_range(repo, base, tip)
         if merges:
-            # list_range skips merges: an (evil) merge's own change would vanish from the report.
+            # A merge's own change would vanish from the report (its diff is not listed).
             subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
             raise RebaseError(
                 f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
                 f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
                 f"(rebase the range onto its base, or pass the range of a linear branch)"
             )
+        stacks.append(commits)
     hints = hints or {}
-    old = list_range(repo, old_base, old_tip)
-    new = list_range(repo, new_base, new_tip)
+    old, new = stacks
+    fill_patch_ids(repo, old + new)  # both stacks in one git call
     rd_pairs, rd_raw = range_diff_pairs(repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
     if upstream_range is None and not (old_pin and new_pin) and old_base != new_base and git_proc(
             "merge-base", "--is-ancestor", old_base, new_base, cwd=repo).returncode == 0:
@@ -128,8 +143,11 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
 
     notes = hints.get("notes", {})
-    old_info = base_info(repo, old_base, old_pin, upstream_range[0] if upstream_range and old_pin else "")
-    new_info = base_info(repo, new_base, new_pin, upstream_range[1] if upstream_range and new_pin else "")
+    old_real = upstream_range[0] if upstream_range and old_pin else ""
+    new_real = upstream_range[1] if upstream_range and new_pin else ""
+    shown = commit_dates(repo, old_base, new_base, old_real, new_real)
+    old_info = base_info(repo, old_base, old_pin, old_real, shown)
+    new_info = base_info(repo, new_base, new_pin, new_real, shown)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
     mapping = []
