@@ -108,6 +108,28 @@ class GitFailed(RebaseError):
         )
 
 
+def cat_objects(repo, specs: list) -> dict:
+    """``{spec: (object id, type, bytes) or None}`` for many objects (``rev``, ``rev:path``,
+    ``ref^{commit}``) in one ``git cat-file --batch`` call; None when git cannot find one."""
+    if not specs:
+        return {}
+    if any("\n" in s for s in specs):
+        raise RebaseError(f"object names must be one line: {[s for s in specs if chr(10) in s][0]!r}")
+    raw = git("cat-file", "--batch", cwd=repo, input="".join(f"{s}\n" for s in specs), binary=True)
+    out, pos = {}, 0
+    for spec in specs:
+        end = raw.index(b"\n", pos)
+        header = raw[pos:end].decode("utf-8", "replace")
+        pos = end + 1
+        if header.endswith((" missing", " ambiguous")):
+            out[spec] = None
+            continue
+        oid, kind, size = header.rsplit(" ", 2)
+        out[spec] = (oid, kind, raw[pos:pos + int(size)])
+        pos += int(size) + 1
+    return out
+
+
 def rev_parse(repo, rev):
     proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=repo)
     return proc.stdout.strip() if proc.returncode == 0 else None

@@ -11,7 +11,7 @@ our) style, not merge damage.
 import ast
 from dataclasses import dataclass
 
-from tools.rebase.gitcmd import git
+from tools.rebase.gitcmd import cat_objects, git
 
 # Decorators that legitimately redefine a name (property accessors, overloads, dispatch).
 _REDEFINING_DECORATORS = ("setter", "getter", "deleter", "overload", "register")
@@ -89,21 +89,8 @@ def lint_source(path: str, text: str) -> list:
 
 def read_blobs(repo, specs: list) -> dict:
     """``{"rev:path": text or None}`` for many blobs in one ``git cat-file --batch`` call."""
-    if not specs:
-        return {}
-    raw = git("cat-file", "--batch", cwd=repo, input="".join(f"{s}\n" for s in specs), binary=True)
-    out, pos = {}, 0
-    for spec in specs:
-        end = raw.index(b"\n", pos)
-        header = raw[pos:end].decode("utf-8", "replace")
-        pos = end + 1
-        if header.endswith(" missing") or header.endswith(" ambiguous"):
-            out[spec] = None
-            continue
-        size = int(header.rsplit(" ", 1)[1])
-        out[spec] = raw[pos:pos + size].decode("utf-8", "replace")
-        pos += size + 1
-    return out
+    return {spec: None if found is None else found[2].decode("utf-8", "replace")
+            for spec, found in cat_objects(repo, specs).items()}
 
 
 def blob_ids(repo, specs: list) -> dict:
