@@ -28,7 +28,7 @@ from tools.rebase import resolutions as rr
 from tools.rebase.basecompare import downgrade_warnings
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
+from tools.rebase.gitcmd import git, git_proc, head_commit, is_clean, rev_parse
 from tools.rebase.gitlocks import clear_stale_locks
 from tools.rebase.killpoints import env_hook
 from tools.rebase.lint import first_broken, lint_change, lint_worktree
@@ -188,11 +188,8 @@ def _read(path: Path) -> str:
 
 
 def _head(work: Path) -> str:
-    """HEAD's commit id, read without a git process when HEAD is detached (as during replay)."""
-    text = (work / ".git" / "HEAD").read_text().strip()
-    if len(text) == 40 and all(c in "0123456789abcdef" for c in text):
-        return text
-    return git("rev-parse", "HEAD", cwd=work).strip()
+    """HEAD's commit id, read without a git process when the files hold it plainly."""
+    return head_commit(work) or git("rev-parse", "HEAD", cwd=work).strip()
 
 
 def _reset_to(work: Path, commit: str) -> None:
@@ -287,7 +284,7 @@ class Bump:
         # Hand-made commits (amended, am'd with a user identity) get reproducible twins, so the
         # report names the same old stack a fresh clone of patches/ would build; the maintainer's
         # branch itself stays where it was (abort must find it unchanged).
-        old_head = git("rev-parse", "HEAD", cwd=work).strip()
+        old_head = _head(work)
         old_tip = canonical_chain(work, old_base, old_head)
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
