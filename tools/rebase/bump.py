@@ -38,7 +38,7 @@ from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
-from tools.rebase.stack import commit_message
+from tools.rebase.stack import chain_log, commit_message
 
 LAST_OLD_REF = "refs/rebase/last-bump/old"
 LAST_NEW_REF = "refs/rebase/last-bump/new"
@@ -125,13 +125,8 @@ def _describe(work: Path, base: str, tip: str):
     """``[(commit, Patch-Name or short id, raw author date)]`` of base..tip, in one git call."""
     from tools.rebase.series import parse_trailers
 
-    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%ad%x00%B%x01", f"{base}..{tip}", cwd=work)
     rows = []
-    for chunk in out.split("\x01"):
-        chunk = chunk.strip("\n")
-        if not chunk:
-            continue
-        sha, date, message = chunk.split("\x00", 2)
+    for sha, _, _, date, _, message in chain_log(work, base, tip):
         names = parse_trailers(message).get("Patch-Name", [])
         rows.append((sha, names[0] if names else sha[:12], date))
     return rows
@@ -159,11 +154,8 @@ def canonical_chain(work: Path, base: str, tip: str) -> str:
     objects are written: HEAD and branches stay (a bump may not touch them before its backup)."""
     from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
 
-    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
-              f"{base}..{tip}", cwd=work)
-    rows = [line.split("\x00") for line in out.splitlines() if line]
     parent, dirty = base, False
-    for sha, cn, ce, ad, cd in rows:
+    for sha, cn, ce, ad, cd, _ in chain_log(work, base, tip):
         dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
         if dirty:
             parent = _recommit(work, sha, parent, sha, keep_message=True, move_head=False)

@@ -5,6 +5,7 @@ format-patch flags on the way out, so ids and bytes are reproducible on any mach
 """
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -12,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.gitcmd import git, git_proc, is_full_id, rev_parse
 from tools.rebase.series import SLUG, parse_trailers
 
 MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
@@ -100,6 +101,31 @@ def commit_message(repo: Path, commit: str) -> str:
     return git("show", "-s", "--format=%B", commit, cwd=repo)
 
 
+def chain_log(repo: Path, base: str, tip: str) -> list:
+    """``[(commit, committer name, committer email, author date, committer date, message)]`` of
+    base..tip, oldest first (dates raw). Between full commit ids the answer cannot change (ids
+    name their whole history), so a bump's repeated questions about one range cost one git call."""
+    if is_full_id(base) and is_full_id(tip):
+        return list(_chain_log_cached(str(repo), base, tip))
+    return _chain_log(repo, base, tip)
+
+
+def _chain_log(repo, base: str, tip: str) -> list:
+    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd%x00%B%x01",
+              f"{base}..{tip}", cwd=repo)
+    rows = []
+    for chunk in out.split("\x01"):
+        chunk = chunk.strip("\n")
+        if chunk:
+            rows.append(tuple(chunk.split("\x00", 5)))
+    return rows
+
+
+@functools.lru_cache(maxsize=32)
+def _chain_log_cached(repo: str, base: str, tip: str) -> tuple:
+    return tuple(_chain_log(repo, base, tip))
+
+
 def export_range(repo: Path, base: str, tip: str) -> list:
     """Return ``[(file_name, bytes)]`` for base..tip in order; names come from Patch-Name."""
     commits = _linear_range(repo, base, tip)
@@ -127,10 +153,6 @@ def export_range(repo: Path, base: str, tip: str) -> list:
             for number, (name, data) in enumerate(zip(names, bodies), start=1)]
 
 
-def _is_full_id(rev: str) -> bool:
-    return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)
-
-
 def _linear_range(repo: Path, base: str, tip: str) -> list:
     """``[(commit, message)]`` of base..tip, oldest first, after the checks an export needs: no
     merge commit, ``base`` an ancestor of ``tip``, no symlink. One ``git log`` answers all of
@@ -147,7 +169,7 @@ def _linear_range(repo: Path, base: str, tip: str) -> list:
         raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
     # Linear range: base is an ancestor of tip exactly when the oldest commit's parent is base
     # (or the range is empty and tip is base).
-    if _is_full_id(base) and (rows or _is_full_id(tip)):
+    if is_full_id(base) and (rows or is_full_id(tip)):
         ancestor = rows[0][1] == [base] if rows else tip == base
     else:
         ancestor = git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode == 0
