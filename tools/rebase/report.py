@@ -202,11 +202,11 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             churn["entries"].append({"commit": c.commit, "subject": c.subject, "files": touched,
                                      "patches": _numbers_touching(touching, touched)})
     elif old_base != new_base:
-        out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
-            if stack_files else ""
-        paths = [line.split("\t", 2)[2] for line in out.splitlines()]
-        whole = git("diff", "--no-renames", "-U2", old_base, new_base, "--", *paths, cwd=repo) if paths else ""
-        per_file = {}  # one git call, split per file
+        # One git call: the numstat lines, a blank line, then the -U2 patch of the same files.
+        both = git("diff", "--no-renames", "-U2", "--numstat", "-p", old_base, new_base, "--", *stack_files,
+                   cwd=repo) if stack_files else ""
+        out, _, whole = both.partition("\n\n")
+        per_file = {}  # split per file
         for chunk in re.split(r"(?m)^(?=diff --git )", whole):
             if chunk.startswith("diff --git "):
                 per_file[chunk.split("\n", 1)[0][len("diff --git "):]] = chunk
