@@ -93,24 +93,29 @@ def read_blobs(repo, specs: list) -> dict:
             for spec, found in cat_objects(repo, specs).items()}
 
 
+def blob_ids(repo, specs: list) -> dict:
+    """``{"rev:path": blob id or ""}`` in one ``git cat-file --batch-check`` call."""
+    if not specs:
+        return {}
+    out = git("cat-file", "--batch-check=%(objectname)", cwd=repo, input="".join(f"{s}\n" for s in specs))
+    return {spec: ("" if line.endswith(" missing") or line.endswith(" ambiguous") else line.strip())
+            for spec, line in zip(specs, out.splitlines())}
+
+
 def python_files_changed(repo, parent: str, commit: str) -> list:
     out = git("diff-tree", "-r", "--name-only", "--no-renames", "--diff-filter=AMR", "--no-commit-id",
               parent, commit, cwd=repo)
     return [p for p in out.split() if p.endswith(".py")]
 
 
-def _new_findings(repo, path: str, text: str, baselines, known_texts=None) -> list:
-    """Findings in ``text`` not present in the baselines' version of ``path`` (read only when
-    needed, unless ``known_texts`` already holds them: ``{"rev:path": text or None}``)."""
+def _new_findings(repo, path: str, text: str, baselines) -> list:
+    """Findings in ``text`` not present in the baselines' version of ``path`` (read only when needed)."""
     found = lint_source(path, text)
     if not found or not baselines:
         return found
-    specs = [f"{rev}:{path}" for rev in baselines]
-    if known_texts is None or any(spec not in known_texts for spec in specs):
-        known_texts = read_blobs(repo, specs)
+    blobs = read_blobs(repo, [f"{rev}:{path}" for rev in baselines])
     known = set()
-    for spec in specs:
-        ref_text = known_texts[spec]
+    for ref_text in blobs.values():
         if ref_text is not None:
             known |= {f.key for f in lint_source(path, ref_text)}
     return [f for f in found if f.key not in known]
@@ -145,18 +150,17 @@ def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
     # A merged file identical to a reference version (the patch's old result, or upstream's file)
     # cannot hold a new finding: only the others are read and parsed.
     refs = {c: tuple(baselines_of(c)) for c, _ in steps}
-    # One cat-file call reads every version involved: ids to compare, texts to parse.
-    objects = cat_objects(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in (c, *refs[c])])
-    ids = {spec: found[0] if found else "" for spec, found in objects.items()}
-    texts = {spec: found[2].decode("utf-8", "replace") if found else None for spec, found in objects.items()}
+    ids = blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in (c, *refs[c])])
+    todo = [f"{c}:{p}" for c, paths in steps for p in paths
+            if ids[f"{c}:{p}"] and ids[f"{c}:{p}"] not in {ids[f"{rev}:{p}"] for rev in refs[c]}]
+    blobs = read_blobs(repo, todo)
     parent = base
     for commit, paths in steps:
         found = []
         for p in paths:
-            spec = f"{commit}:{p}"
-            if texts[spec] is None or ids[spec] in {ids[f"{rev}:{p}"] for rev in refs[commit]}:
-                continue
-            found += _new_findings(repo, p, texts[spec], refs[commit], texts)
+            text = blobs.get(f"{commit}:{p}")
+            if text is not None:
+                found += _new_findings(repo, p, text, baselines_of(commit))
         if found:
             return commit, parent, found
         parent = commit
