@@ -126,9 +126,9 @@ def _describe(work: Path, base: str, tip: str):
     from tools.rebase.series import parse_trailers
 
     rows = []
-    for sha, _, _, date, _, message in chain_log(work, base, tip):
-        names = parse_trailers(message).get("Patch-Name", [])
-        rows.append((sha, names[0] if names else sha[:12], date))
+    for c in chain_log(work, base, tip):
+        names = parse_trailers(c.message).get("Patch-Name", [])
+        rows.append((c.commit, names[0] if names else c.commit[:12], c.author_date))
     return rows
 
 
@@ -155,12 +155,11 @@ def canonical_chain(work: Path, base: str, tip: str) -> str:
     from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
 
     parent, dirty = base, False
-    for sha, cn, ce, ad, cd, _ in chain_log(work, base, tip):
-        dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
-        if dirty:
-            parent = _recommit(work, sha, parent, sha, keep_message=True, move_head=False)
-        else:
-            parent = sha
+    for c in chain_log(work, base, tip):
+        dirty = dirty or (c.committer_name, c.committer_email, c.committer_date) != \
+            (COMMITTER_NAME, COMMITTER_EMAIL, c.author_date)
+        parent = _recommit(work, c.commit, parent, c.commit, keep_message=True, move_head=False) \
+            if dirty else c.commit
     return parent
 
 

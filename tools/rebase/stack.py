@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_full_id, rev_parse
@@ -101,23 +102,34 @@ def commit_message(repo: Path, commit: str) -> str:
     return git("show", "-s", "--format=%B", commit, cwd=repo)
 
 
+class ChainCommit(NamedTuple):
+    commit: str
+    parents: tuple
+    committer_name: str
+    committer_email: str
+    author_date: str  # raw: "<seconds> <zone>"
+    committer_date: str
+    message: str
+    raw: str  # ``--raw`` lines: file modes and blob ids
+
+
 def chain_log(repo: Path, base: str, tip: str) -> list:
-    """``[(commit, committer name, committer email, author date, committer date, message)]`` of
-    base..tip, oldest first (dates raw). Between full commit ids the answer cannot change (ids
-    name their whole history), so a bump's repeated questions about one range cost one git call."""
+    """``[ChainCommit]`` of base..tip, oldest first, from one ``git log``. Between full commit
+    ids the answer cannot change (ids name their whole history), so a bump's repeated questions
+    about one range (names, committer checks, the export's checks) cost one git call."""
     if is_full_id(base) and is_full_id(tip):
         return list(_chain_log_cached(str(repo), base, tip))
     return _chain_log(repo, base, tip)
 
 
 def _chain_log(repo, base: str, tip: str) -> list:
-    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd%x00%B%x01",
-              f"{base}..{tip}", cwd=repo)
+    out = git("log", "--reverse", "--date=raw", "--no-renames", "--raw", "--no-abbrev",
+              "--format=%x01%H%x00%P%x00%cn%x00%ce%x00%ad%x00%cd%x00%B%x02", f"{base}..{tip}", cwd=repo)
     rows = []
-    for chunk in out.split("\x01"):
-        chunk = chunk.strip("\n")
-        if chunk:
-            rows.append(tuple(chunk.split("\x00", 5)))
+    for chunk in out.split("\x01")[1:]:
+        head, _, raw = chunk.partition("\x02")
+        sha, parents, cn, ce, ad, cd, message = head.split("\x00", 6)
+        rows.append(ChainCommit(sha, tuple(parents.split()), cn, ce, ad, cd, message.rstrip("\n"), raw))
     return rows
 
 
@@ -156,21 +168,15 @@ def export_range(repo: Path, base: str, tip: str) -> list:
 def _linear_range(repo: Path, base: str, tip: str) -> list:
     """``[(commit, message)]`` of base..tip, oldest first, after the checks an export needs: no
     merge commit, ``base`` an ancestor of ``tip``, no symlink. One ``git log`` answers all of
-    them (parents, messages and raw file modes); a merge-base call only when the ids cannot tell."""
-    out = git("log", "--reverse", "--no-renames", "--raw", "--no-abbrev",
-              "--format=%x01%H%x00%P%x00%B%x02", f"{base}..{tip}", cwd=repo)
-    rows = []
-    for chunk in out.split("\x01")[1:]:
-        head, _, raw = chunk.partition("\x02")
-        commit, parents, message = head.split("\x00", 2)
-        rows.append((commit, parents.split(), message.rstrip("\n"), raw))
+    them (``chain_log``: parents, messages, raw file modes); merge-base only when ids cannot tell."""
+    rows = [(c.commit, c.parents, c.message, c.raw) for c in chain_log(repo, base, tip)]
     merges = [commit for commit, parents, _, _ in reversed(rows) if len(parents) > 1]  # newest first
     if merges:
         raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
     # Linear range: base is an ancestor of tip exactly when the oldest commit's parent is base
     # (or the range is empty and tip is base).
     if is_full_id(base) and (rows or is_full_id(tip)):
-        ancestor = rows[0][1] == [base] if rows else tip == base
+        ancestor = rows[0][1] == (base,) if rows else tip == base
     else:
         ancestor = git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode == 0
     if not ancestor:
