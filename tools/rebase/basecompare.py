@@ -54,14 +54,20 @@ def _older(a: str, b: str):
         return None
 
 
-def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin=None) -> list:
-    """Why the move from ``old_base`` to ``new_base`` looks like going backwards (empty if not)."""
+def base_specs(old_base: str, new_base: str) -> list:
+    """What ``downgrade_warnings`` reads: both bases' version file and commit object."""
+    return [f"{old_base}:{VERSION_FILE}", f"{new_base}:{VERSION_FILE}", old_base, new_base]
+
+
+def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin=None, objects=None) -> list:
+    """Why the move from ``old_base`` to ``new_base`` looks like going backwards (empty if not).
+    ``objects``: ``read_blobs`` of ``base_specs`` when the caller has read them already."""
     from tools.rebase.lint import read_blobs
 
     out = []
-    specs = [f"{old_base}:{VERSION_FILE}", f"{new_base}:{VERSION_FILE}"]
-    # The two commit objects come along in the same cat-file call: their committer times.
-    blobs = read_blobs(repo, specs + [old_base, new_base])
+    specs = base_specs(old_base, new_base)
+    # One cat-file call: the version files, and the commit objects for their committer times.
+    blobs = objects if objects is not None and all(s in objects for s in specs) else read_blobs(repo, specs)
     old_v, new_v = _version_of(blobs[specs[0]]), _version_of(blobs[specs[1]])
     if old_pin is not None and old_pin.kind == "pypi":
         old_v = old_pin.version
@@ -77,7 +83,7 @@ def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin
     else:
         import time
 
-        old_t, new_t = _committer_time(blobs[old_base]), _committer_time(blobs[new_base])
+        old_t, new_t = committer_time(blobs[old_base]), committer_time(blobs[new_base])
         if old_t is None or new_t is None:  # not commits: let git say what is wrong
             old_t, new_t = (int(x) for x in git("show", "-s", "--format=%ct", old_base, new_base, cwd=repo).split())
         if new_t < old_t:
@@ -86,7 +92,7 @@ def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin
     return out
 
 
-def _committer_time(obj):
+def committer_time(obj):
     """The committer timestamp (``%ct``) of a raw commit object's text, or None."""
     if obj is None:
         return None

@@ -17,7 +17,8 @@ from tools.rebase.diffparse import fill_patch_ids, find_absorbing_commit, read_r
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
 from tools.rebase import absorption
-from tools.rebase.basecompare import downgrade_warnings, package_changes
+from tools.rebase.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
+from tools.rebase.lint import read_blobs
 from tools.rebase.review import review_focus
 
 SCHEMA = "fork-rebase-report/1"
@@ -28,9 +29,14 @@ def utc(ts: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def commit_dates(repo: Path, *commits) -> dict:
-    """``{commit: (committer time, subject)}`` for full commit ids, in one git call."""
+def commit_dates(repo: Path, commits, objects=None, subjects=True) -> dict:
+    """``{commit: (committer time, subject)}``: the times from ``objects`` (raw commit texts
+    already read) when they hold them and no subject is wanted, else from one git show."""
     wanted = sorted(set(c for c in commits if c))
+    objects = objects or {}
+    found = {c: (committer_time(objects.get(c)), "") for c in wanted}
+    if not subjects and all(when is not None for when, _ in found.values()):
+        return found
     out = git("show", "-s", "--format=%H %ct %s", *wanted, "--", cwd=repo) if wanted else ""
     found = {}
     for line in out.splitlines():
@@ -42,7 +48,7 @@ def commit_dates(repo: Path, *commits) -> dict:
 def base_info(repo: Path, commit: str, pin=None, real: str = "", shown=None) -> dict:
     """Describe a base: from its pin when it has one, else from the commit itself. ``shown``:
     ``commit_dates`` of the base (and ``real``) when the caller already has them."""
-    shown = shown if shown is not None else commit_dates(repo, commit, real)
+    shown = shown if shown is not None else commit_dates(repo, [commit, real])
     when, subject = shown[commit]
     info = {"commit": commit, "date": utc(when)}
     if pin is None:
@@ -145,7 +151,12 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     notes = hints.get("notes", {})
     old_real = upstream_range[0] if upstream_range and old_pin else ""
     new_real = upstream_range[1] if upstream_range and new_pin else ""
-    shown = commit_dates(repo, old_base, new_base, old_real, new_real)
+    # One cat-file call for the bases: commit objects (dates) and version files (downgrades);
+    # subjects only appear for bases without a pin.
+    specs = base_specs(old_base, new_base) + [c for c in (old_real, new_real) if c]
+    objects = read_blobs(repo, list(dict.fromkeys(specs)))
+    shown = commit_dates(repo, [old_base, new_base, old_real, new_real], objects,
+                         subjects=old_pin is None or new_pin is None)
     old_info = base_info(repo, old_base, old_pin, old_real, shown)
     new_info = base_info(repo, new_base, new_pin, new_real, shown)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
@@ -233,7 +244,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "mapping": mapping,
         "upstream_churn": churn,
         "review": review,
-        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin) if old_base != new_base else [],
+        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin, objects)
+        if old_base != new_base else [],
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
