@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pairs
@@ -105,24 +106,18 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                 raise RebaseError(f"{repo}: {rev!r} does not name a commit")
         raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
     old_base, old_tip, new_base, new_tip = resolved
-    stacks = []
-    for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
-        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
-            raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
-        commits, merges = read_range(repo, base, tip)
-        if merges:
-            # A merge's own change would vanish from the report (its diff is not listed).
-            subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
-            raise RebaseError(
-                f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
-                f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
-                f"(rebase the range onto its base, or pass the range of a linear branch)"
-            )
-        stacks.append(commits)
+    # range-diff (the slowest git call here) and the package counts need only the ids: they run
+    # in the background next to the two logs below (each is a git process; the machine's other
+    # core takes it). Their results are read where they were computed before.
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        rd_job = pool.submit(range_diff_pairs, repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
+        package_job = pool.submit(package_changes, repo, old_base, new_base) if old_base != new_base else None
+        old, new = _read_stacks(repo, old_base, old_tip, new_base, new_tip, trusted)
+        rd_pairs, rd_raw = rd_job.result()
+    finally:
+        pool.shutdown(wait=True)  # also on an error: no git process outlives the call
     hints = hints or {}
-    old, new = stacks
-    fill_patch_ids(repo, old + new)  # both stacks in one git call
-    rd_pairs, rd_raw = range_diff_pairs(repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
     if upstream_range is None and not (old_pin and new_pin) and old_base != new_base and git_proc(
             "merge-base", "--is-ancestor", old_base, new_base, cwd=repo).returncode == 0:
         upstream_range = (old_base, new_base)
@@ -233,7 +228,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                                      "patches": _numbers_touching(touching, [path]),
                                      "diff": "\n".join(lines)})
     if old_base != new_base:
-        churn["package_changes"] = package_changes(repo, old_base, new_base)
+        churn["package_changes"] = package_job.result()
     review = review_focus(mapping, churn)
 
     return {
@@ -249,6 +244,26 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
+
+
+def _read_stacks(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, trusted: bool):
+    """Both ranges as Commits (with patch-ids), after checking each is a linear range."""
+    stacks = []
+    for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
+        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
+            raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
+        commits, merges = read_range(repo, base, tip)
+        if merges:
+            # A merge's own change would vanish from the report (its diff is not listed).
+            subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
+            raise RebaseError(
+                f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
+                f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
+                f"(rebase the range onto its base, or pass the range of a linear branch)"
+            )
+        stacks.append(commits)
+    fill_patch_ids(repo, stacks[0] + stacks[1])  # both stacks in one git call
+    return stacks
 
 
 def _patches_by_file(commits: list) -> dict:
