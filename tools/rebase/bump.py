@@ -20,6 +20,7 @@ pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` the
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.rebase import conflicts, dependents
@@ -805,19 +806,6 @@ class Bump:
         if tip != j.tip:
             j.tip = tip
             self._save()
-        layout.pin.write_text(j.new_pin)
-        self.hook("after-pin")
-        _to_branch(work, j.tip)
-        patches = _export(layout, j.new_base, j.tip)
-        self.hook("after-export")
-        rr.prune(layout.resolutions, {p.name for p in patches})
-        from tools.rebase.listing import BEGIN, update_readme
-
-        readme = layout.root / "README.md"
-        if readme.is_file() and BEGIN in readme.read_text():
-            update_readme(layout)  # the patch table names the base; keep check green
-        git("update-ref", "--stdin", cwd=work,
-            input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
         tests = {}
         by_name = {}
         if j.tests:
@@ -840,10 +828,28 @@ class Bump:
             "new_base": j.new_base, "new_tip": j.tip,
             "hints": hints, "tests": tests,
         }
-        last = jr.last_bump_dir(layout)
-        last.mkdir(parents=True, exist_ok=True)
-        (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        data = report_from_record(work, record)
+        # The report only reads commits: it is computed while the pin, branch, patches/, README
+        # and record are written (same writes, order and kill points as before; it is joined
+        # before the report files are written, and on an error too).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            report_job = pool.submit(report_from_record, work, record)
+            layout.pin.write_text(j.new_pin)
+            self.hook("after-pin")
+            _to_branch(work, j.tip)
+            patches = _export(layout, j.new_base, j.tip)
+            self.hook("after-export")
+            rr.prune(layout.resolutions, {p.name for p in patches})
+            from tools.rebase.listing import BEGIN, update_readme
+
+            readme = layout.root / "README.md"
+            if readme.is_file() and BEGIN in readme.read_text():
+                update_readme(layout)  # the patch table names the base; keep check green
+            git("update-ref", "--stdin", cwd=work,
+                input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
+            last = jr.last_bump_dir(layout)
+            last.mkdir(parents=True, exist_ok=True)
+            (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            data = report_job.result()
         write_report(data, layout.report_md, layout.report_json)
         self.hook("after-report")
         jr.finish(layout)
