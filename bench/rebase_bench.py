@@ -14,6 +14,7 @@ The sdists come from $FORK_REBASE_CACHE/sdist (downloaded with pip when missing)
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -126,7 +127,9 @@ def make_git_template(dest: Path, cache: Path, mirror: str, old_rev: str, new_re
     (dest / "patches").mkdir(parents=True)
     (dest / "patches" / "series").write_text("# benchmark series\n")
     (dest / "tests").mkdir()
-    (dest / "upstream.toml").write_text(Pin("git", url=UPSTREAM_URL, commit=commits[0], ref=old_rev).to_toml())
+    # A pin's ref must be a plain name: "main~300" is recorded by its commit only.
+    old_ref = old_rev if re.fullmatch(r"[A-Za-z0-9._/-]+", old_rev) and ".." not in old_rev else ""
+    (dest / "upstream.toml").write_text(Pin("git", url=UPSTREAM_URL, commit=commits[0], ref=old_ref).to_toml())
     layout = Layout(dest)
     apply(layout, log=lambda *_: None)
     for name, rel, edit in STACK:

@@ -54,13 +54,20 @@ def _older(a: str, b: str):
         return None
 
 
-def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin=None) -> list:
-    """Why the move from ``old_base`` to ``new_base`` looks like going backwards (empty if not)."""
+def base_specs(old_base: str, new_base: str) -> list:
+    """What ``downgrade_warnings`` reads: both bases' version file and commit object."""
+    return [f"{old_base}:{VERSION_FILE}", f"{new_base}:{VERSION_FILE}", old_base, new_base]
+
+
+def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin=None, objects=None) -> list:
+    """Why the move from ``old_base`` to ``new_base`` looks like going backwards (empty if not).
+    ``objects``: ``read_blobs`` of ``base_specs`` when the caller has read them already."""
     from tools.rebase.lint import read_blobs
 
     out = []
-    specs = [f"{old_base}:{VERSION_FILE}", f"{new_base}:{VERSION_FILE}"]
-    blobs = read_blobs(repo, specs)
+    specs = base_specs(old_base, new_base)
+    # One cat-file call: the version files, and the commit objects for their committer times.
+    blobs = objects if objects is not None and all(s in objects for s in specs) else read_blobs(repo, specs)
     old_v, new_v = _version_of(blobs[specs[0]]), _version_of(blobs[specs[1]])
     if old_pin is not None and old_pin.kind == "pypi":
         old_v = old_pin.version
@@ -76,11 +83,28 @@ def downgrade_warnings(repo, old_base: str, new_base: str, old_pin=None, new_pin
     else:
         import time
 
-        old_t, new_t = (int(x) for x in git("show", "-s", "--format=%ct", old_base, new_base, cwd=repo).split())
+        old_t, new_t = committer_time(blobs[old_base]), committer_time(blobs[new_base])
+        if old_t is None or new_t is None:  # not commits: let git say what is wrong
+            old_t, new_t = (int(x) for x in git("show", "-s", "--format=%ct", old_base, new_base, cwd=repo).split())
         if new_t < old_t:
             day = lambda t: time.strftime("%Y-%m-%d", time.gmtime(t))  # noqa: E731
             out.append(f"older base: the new base dates from {day(new_t)}, the old one from {day(old_t)}")
     return out
+
+
+def committer_time(obj):
+    """The committer timestamp (``%ct``) of a raw commit object's text, or None."""
+    if obj is None:
+        return None
+    for line in obj.split("\n"):
+        if not line:
+            break  # end of the header
+        if line.startswith("committer "):
+            try:
+                return int(line.rsplit(" ", 2)[1])
+            except (IndexError, ValueError):
+                return None
+    return None
 
 
 def package_changes(repo, old_base: str, new_base: str, package: str = PACKAGE_DIR) -> dict:

@@ -20,6 +20,7 @@ pin is updated, ``patches/`` exported, and the report regenerated; ``apply`` the
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.rebase import conflicts, dependents
@@ -28,7 +29,7 @@ from tools.rebase import resolutions as rr
 from tools.rebase.basecompare import downgrade_warnings
 from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc, is_clean, rev_parse
+from tools.rebase.gitcmd import git, git_proc, head_commit, is_clean, rev_parse
 from tools.rebase.gitlocks import clear_stale_locks
 from tools.rebase.killpoints import env_hook
 from tools.rebase.lint import first_broken, lint_change, lint_worktree
@@ -38,7 +39,7 @@ from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
-from tools.rebase.stack import commit_message
+from tools.rebase.stack import chain_log, commit_message
 
 LAST_OLD_REF = "refs/rebase/last-bump/old"
 LAST_NEW_REF = "refs/rebase/last-bump/new"
@@ -125,15 +126,10 @@ def _describe(work: Path, base: str, tip: str):
     """``[(commit, Patch-Name or short id, raw author date)]`` of base..tip, in one git call."""
     from tools.rebase.series import parse_trailers
 
-    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%ad%x00%B%x01", f"{base}..{tip}", cwd=work)
     rows = []
-    for chunk in out.split("\x01"):
-        chunk = chunk.strip("\n")
-        if not chunk:
-            continue
-        sha, date, message = chunk.split("\x00", 2)
-        names = parse_trailers(message).get("Patch-Name", [])
-        rows.append((sha, names[0] if names else sha[:12], date))
+    for c in chain_log(work, base, tip):
+        names = parse_trailers(c.message).get("Patch-Name", [])
+        rows.append((c.commit, names[0] if names else c.commit[:12], c.author_date))
     return rows
 
 
@@ -159,16 +155,12 @@ def canonical_chain(work: Path, base: str, tip: str) -> str:
     objects are written: HEAD and branches stay (a bump may not touch them before its backup)."""
     from tools.rebase.gitcmd import COMMITTER_EMAIL, COMMITTER_NAME
 
-    out = git("log", "--reverse", "--date=raw", "--format=%H%x00%cn%x00%ce%x00%ad%x00%cd",
-              f"{base}..{tip}", cwd=work)
-    rows = [line.split("\x00") for line in out.splitlines() if line]
     parent, dirty = base, False
-    for sha, cn, ce, ad, cd in rows:
-        dirty = dirty or (cn, ce, cd) != (COMMITTER_NAME, COMMITTER_EMAIL, ad)
-        if dirty:
-            parent = _recommit(work, sha, parent, sha, keep_message=True, move_head=False)
-        else:
-            parent = sha
+    for c in chain_log(work, base, tip):
+        dirty = dirty or (c.committer_name, c.committer_email, c.committer_date) != \
+            (COMMITTER_NAME, COMMITTER_EMAIL, c.author_date)
+        parent = _recommit(work, c.commit, parent, c.commit, keep_message=True, move_head=False) \
+            if dirty else c.commit
     return parent
 
 
@@ -188,11 +180,8 @@ def _read(path: Path) -> str:
 
 
 def _head(work: Path) -> str:
-    """HEAD's commit id, read without a git process when HEAD is detached (as during replay)."""
-    text = (work / ".git" / "HEAD").read_text().strip()
-    if len(text) == 40 and all(c in "0123456789abcdef" for c in text):
-        return text
-    return git("rev-parse", "HEAD", cwd=work).strip()
+    """HEAD's commit id, read without a git process when the files hold it plainly."""
+    return head_commit(work) or git("rev-parse", "HEAD", cwd=work).strip()
 
 
 def _reset_to(work: Path, commit: str) -> None:
@@ -287,7 +276,7 @@ class Bump:
         # Hand-made commits (amended, am'd with a user identity) get reproducible twins, so the
         # report names the same old stack a fresh clone of patches/ would build; the maintainer's
         # branch itself stays where it was (abort must find it unchanged).
-        old_head = git("rev-parse", "HEAD", cwd=work).strip()
+        old_head = _head(work)
         old_tip = canonical_chain(work, old_base, old_head)
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
@@ -817,19 +806,6 @@ class Bump:
         if tip != j.tip:
             j.tip = tip
             self._save()
-        layout.pin.write_text(j.new_pin)
-        self.hook("after-pin")
-        _to_branch(work, j.tip)
-        patches = _export(layout, j.new_base, j.tip)
-        self.hook("after-export")
-        rr.prune(layout.resolutions, {p.name for p in patches})
-        from tools.rebase.listing import BEGIN, update_readme
-
-        readme = layout.root / "README.md"
-        if readme.is_file() and BEGIN in readme.read_text():
-            update_readme(layout)  # the patch table names the base; keep check green
-        git("update-ref", "--stdin", cwd=work,
-            input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
         tests = {}
         by_name = {}
         if j.tests:
@@ -852,10 +828,28 @@ class Bump:
             "new_base": j.new_base, "new_tip": j.tip,
             "hints": hints, "tests": tests,
         }
-        last = jr.last_bump_dir(layout)
-        last.mkdir(parents=True, exist_ok=True)
-        (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        data = report_from_record(work, record)
+        # The report only reads commits: it is computed while the pin, branch, patches/, README
+        # and record are written (same writes, order and kill points as before; it is joined
+        # before the report files are written, and on an error too).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            report_job = pool.submit(report_from_record, work, record)
+            layout.pin.write_text(j.new_pin)
+            self.hook("after-pin")
+            _to_branch(work, j.tip)
+            patches = _export(layout, j.new_base, j.tip)
+            self.hook("after-export")
+            rr.prune(layout.resolutions, {p.name for p in patches})
+            from tools.rebase.listing import BEGIN, update_readme
+
+            readme = layout.root / "README.md"
+            if readme.is_file() and BEGIN in readme.read_text():
+                update_readme(layout)  # the patch table names the base; keep check green
+            git("update-ref", "--stdin", cwd=work,
+                input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
+            last = jr.last_bump_dir(layout)
+            last.mkdir(parents=True, exist_ok=True)
+            (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            data = report_job.result()
         write_report(data, layout.report_md, layout.report_json)
         self.hook("after-report")
         jr.finish(layout)

@@ -112,23 +112,36 @@ def parse_diff(text: str) -> list:
 
 def list_range(repo: Path, base: str, tip: str) -> list:
     """The commits of ``base..tip`` oldest first, with messages, diffs and patch-ids."""
+    commits, _ = read_range(repo, base, tip)
+    fill_patch_ids(repo, commits)
+    return commits
+
+
+def read_range(repo: Path, base: str, tip: str):
+    """``(commits, merges)`` of ``base..tip``: the non-merge commits oldest first, with messages
+    and diffs but no patch-ids yet (``fill_patch_ids`` does several ranges in one call), and the
+    merge commits' ids, newest first (as ``git rev-list --merges`` lists them)."""
     out = git(
-        "log", "--reverse", "--no-merges", "--no-color", "--full-index", "-p", "--no-ext-diff",
-        f"--format={_SEP_COMMIT}%H{_SEP_BODY}%B{_SEP_DIFF}", f"{base}..{tip}", cwd=repo,
+        "log", "--reverse", "--no-color", "--full-index", "-p", "--no-ext-diff",
+        f"--format={_SEP_COMMIT}%H %P{_SEP_BODY}%B{_SEP_DIFF}", f"{base}..{tip}", cwd=repo,
     )
-    commits = []
-    for number, chunk in enumerate(out.split(_SEP_COMMIT)[1:], start=1):
-        sha, _, rest = chunk.partition(_SEP_BODY)
+    commits, merges = [], []
+    for chunk in out.split(_SEP_COMMIT)[1:]:
+        ids, _, rest = chunk.partition(_SEP_BODY)
+        sha, *parents = ids.split()
+        if len(parents) > 1:
+            merges.insert(0, sha)
+            continue
         message, _, diff = rest.partition(_SEP_DIFF)
         message = message.strip("\n")
         subject = message.splitlines()[0] if message else ""
         diff = diff.strip("\n")
-        commits.append(Commit(sha, subject, message, diff, parse_diff(diff), number))
-    _fill_patch_ids(repo, commits)
-    return commits
+        commits.append(Commit(sha, subject, message, diff, parse_diff(diff), len(commits) + 1))
+    return commits, merges
 
 
-def _fill_patch_ids(repo: Path, commits: list) -> None:
+def fill_patch_ids(repo: Path, commits: list) -> None:
+    """Set ``patch_id`` of every commit, in one ``git patch-id`` call."""
     if not commits:
         return
     feed = "".join(f"commit {c.commit}\n\n{c.diff}\n" for c in commits if c.diff)

@@ -108,6 +108,68 @@ class GitFailed(RebaseError):
         )
 
 
+def cat_objects(repo, specs: list) -> dict:
+    """``{spec: (object id, type, bytes) or None}`` for many objects (``rev``, ``rev:path``,
+    ``ref^{commit}``) in one ``git cat-file --batch`` call; None when git cannot find one."""
+    if not specs:
+        return {}
+    if any("\n" in s for s in specs):
+        raise RebaseError(f"object names must be one line: {[s for s in specs if chr(10) in s][0]!r}")
+    raw = git("cat-file", "--batch", cwd=repo, input="".join(f"{s}\n" for s in specs), binary=True)
+    out, pos = {}, 0
+    for spec in specs:
+        end = raw.index(b"\n", pos)
+        header = raw[pos:end].decode("utf-8", "replace")
+        pos = end + 1
+        if header.endswith((" missing", " ambiguous")):
+            out[spec] = None
+            continue
+        oid, kind, size = header.rsplit(" ", 2)
+        out[spec] = (oid, kind, raw[pos:pos + int(size)])
+        pos += int(size) + 1
+    return out
+
+
+def is_full_id(text: str) -> bool:
+    """A full lowercase 40-hex object id (what git writes in HEAD and loose refs)."""
+    return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
+
+
+def _head_from_files(repo):
+    """``(symbolic ref or "", commit id)`` when ``.git/HEAD`` holds a detached id or names a
+    branch whose loose ref file holds one (loose refs win over packed ones in git too); else None."""
+    gitdir = Path(repo) / ".git"
+    try:
+        text = (gitdir / "HEAD").read_text().strip()
+        if is_full_id(text):
+            return "", text
+        if not text.startswith("ref: refs/heads/") or ".." in text or "\\" in text:
+            return None
+        ref = text[5:]
+        value = (gitdir / ref).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return (ref, value) if is_full_id(value) else None
+
+
+def head_commit(repo):
+    """HEAD's commit id (None when HEAD names no commit), read from the files without a git
+    process when they hold it plainly (commands check HEAD several times; a git process costs
+    ~5 ms)."""
+    found = _head_from_files(repo)
+    return found[1] if found else rev_parse(repo, "HEAD")
+
+
+def read_head(repo) -> tuple:
+    """``(symbolic ref or "" when detached, commit id)`` of HEAD, as ``git symbolic-ref -q HEAD``
+    and ``git rev-parse HEAD`` give them (from the files when they hold them plainly)."""
+    found = _head_from_files(repo)
+    if found:
+        return found
+    return (git_proc("symbolic-ref", "-q", "HEAD", cwd=repo).stdout.strip(),
+            git("rev-parse", "HEAD", cwd=repo).strip())
+
+
 def rev_parse(repo, rev):
     proc = git_proc("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=repo)
     return proc.stdout.strip() if proc.returncode == 0 else None

@@ -20,7 +20,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc
+from tools.rebase.gitcmd import git, git_proc, read_head
 
 JOURNAL_VERSION = 2
 PHASES = ("replaying", "stopped", "testing", "tests-failed", "finishing")
@@ -311,9 +311,8 @@ def begin(layout, journal: Journal) -> Journal:
             present.append(name)
     work = layout.work
     shutil.copy2(work / ".git" / "config", backup / "work-config")
-    head_ref = git_proc("symbolic-ref", "-q", "HEAD", cwd=work).stdout.strip()
-    saved = Backup(present=present, work_refs=work_refs(work), work_head_ref=head_ref,
-                   work_head=git("rev-parse", "HEAD", cwd=work).strip())
+    head_ref, head = read_head(work)
+    saved = Backup(present=present, work_refs=work_refs(work), work_head_ref=head_ref, work_head=head)
     saved.validate()
     _write_atomic(backup / "backup.json", json.dumps(asdict(saved), indent=2, sort_keys=True) + "\n")
     root.mkdir(parents=True, exist_ok=True)

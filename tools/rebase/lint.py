@@ -11,7 +11,7 @@ our) style, not merge damage.
 import ast
 from dataclasses import dataclass
 
-from tools.rebase.gitcmd import git
+from tools.rebase.gitcmd import cat_objects, git
 
 # Decorators that legitimately redefine a name (property accessors, overloads, dispatch).
 _REDEFINING_DECORATORS = ("setter", "getter", "deleter", "overload", "register")
@@ -89,21 +89,8 @@ def lint_source(path: str, text: str) -> list:
 
 def read_blobs(repo, specs: list) -> dict:
     """``{"rev:path": text or None}`` for many blobs in one ``git cat-file --batch`` call."""
-    if not specs:
-        return {}
-    raw = git("cat-file", "--batch", cwd=repo, input="".join(f"{s}\n" for s in specs), binary=True)
-    out, pos = {}, 0
-    for spec in specs:
-        end = raw.index(b"\n", pos)
-        header = raw[pos:end].decode("utf-8", "replace")
-        pos = end + 1
-        if header.endswith(" missing") or header.endswith(" ambiguous"):
-            out[spec] = None
-            continue
-        size = int(header.rsplit(" ", 1)[1])
-        out[spec] = raw[pos:pos + size].decode("utf-8", "replace")
-        pos += size + 1
-    return out
+    return {spec: None if found is None else found[2].decode("utf-8", "replace")
+            for spec, found in cat_objects(repo, specs).items()}
 
 
 def blob_ids(repo, specs: list) -> dict:
@@ -153,17 +140,24 @@ def lint_change(repo, parent: str, commit: str, baselines=()) -> list:
 def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
     """Walk the commits ``base..head`` (oldest first) and return ``(commit, parent, findings)`` of
     the first whose Python files have new findings, else None. ``baselines_of(commit)`` gives the
-    reference revisions of one commit. Two git calls for the whole range, however long."""
-    out = git("log", "--reverse", "--format=%x01%H", "--name-only", "--no-renames", "--diff-filter=AMR",
-              f"{base}..{head}", cwd=repo)
-    steps = []
-    for chunk in out.split("\x01")[1:]:
-        lines = chunk.split()
-        steps.append((lines[0], [p for p in lines[1:] if p.endswith(".py")]))
+    reference revisions of one commit. Two git calls for the whole range, however long, besides
+    the range's log (``chain_log``, which a bump has already run for its own bookkeeping)."""
+    from tools.rebase.stack import chain_log
+
+    steps, ids = [], {}
+    for c in chain_log(repo, base, head):
+        paths = []
+        for line in c.raw.splitlines():  # ":<old mode> <new mode> <old id> <new id> <status>\t<path>"
+            meta, _, path = line.partition("\t")
+            fields = meta.split()
+            if line.startswith(":") and len(fields) == 5 and fields[4][:1] in "AMR" and path.endswith(".py"):
+                paths.append(path)
+                ids[f"{c.commit}:{path}"] = fields[3]  # the merged file's blob id
+        steps.append((c.commit, paths))
     # A merged file identical to a reference version (the patch's old result, or upstream's file)
     # cannot hold a new finding: only the others are read and parsed.
     refs = {c: tuple(baselines_of(c)) for c, _ in steps}
-    ids = blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in (c, *refs[c])])
+    ids.update(blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in refs[c]]))
     todo = [f"{c}:{p}" for c, paths in steps for p in paths
             if ids[f"{c}:{p}"] and ids[f"{c}:{p}"] not in {ids[f"{rev}:{p}"] for rev in refs[c]}]
     blobs = read_blobs(repo, todo)

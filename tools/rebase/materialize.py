@@ -49,19 +49,35 @@ def fork_version(base_version: str, patch_count: int, stack_digest: str) -> str:
 
 
 def _hash_tree(root: Path) -> dict:
-    """``{relative path: sha256}``; a symlink (never followed) is recorded by its target."""
+    """``{relative path: sha256}``; a symlink (never followed) is recorded by its target.
+
+    Skipped: ``__pycache__`` folders, compiled files and the manifest itself. Plain ``os.scandir``
+    and string paths: every bump and apply hashes the whole package (~600 files) this way."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames) + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+
+    def walk(folder: str, prefix: str) -> None:
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:  # unreadable: its files count as missing (os.walk skipped it the same way)
+            return
+        for entry in entries:
+            name = entry.name
+            is_dir = entry.is_dir()  # follows a link, as os.walk sorts entries
+            if is_dir and name == "__pycache__":
+                continue
+            if is_dir and not entry.is_symlink():
+                walk(entry.path, f"{prefix}{name}/")
+                continue
             if name == MANIFEST or name.endswith((".pyc", ".so")):
                 continue
-            full = Path(dirpath) / name
-            rel = full.relative_to(root).as_posix()
-            if full.is_symlink():
-                out[rel] = f"symlink -> {os.readlink(full)}"
+            if entry.is_symlink():
+                out[prefix + name] = f"symlink -> {os.readlink(entry.path)}"
             else:
-                out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
+                with open(entry.path, "rb") as f:
+                    out[prefix + name] = hashlib.sha256(f.read()).hexdigest()
+
+    walk(str(root), "")
     return out
 
 

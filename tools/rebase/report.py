@@ -10,14 +10,16 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pairs
-from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
+from tools.rebase.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
 from tools.rebase import absorption
-from tools.rebase.basecompare import downgrade_warnings, package_changes
+from tools.rebase.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
+from tools.rebase.lint import read_blobs
 from tools.rebase.review import review_focus
 
 SCHEMA = "fork-rebase-report/1"
@@ -28,10 +30,28 @@ def utc(ts: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
-    """Describe a base: from its pin when it has one, else from the commit itself."""
-    when, _, subject = git("show", "-s", "--format=%ct %s", commit, cwd=repo).strip().partition(" ")
-    info = {"commit": commit, "date": utc(int(when))}
+def commit_dates(repo: Path, commits, objects=None, subjects=True) -> dict:
+    """``{commit: (committer time, subject)}``: the times from ``objects`` (raw commit texts
+    already read) when they hold them and no subject is wanted, else from one git show."""
+    wanted = sorted(set(c for c in commits if c))
+    objects = objects or {}
+    found = {c: (committer_time(objects.get(c)), "") for c in wanted}
+    if not subjects and all(when is not None for when, _ in found.values()):
+        return found
+    out = git("show", "-s", "--format=%H %ct %s", *wanted, "--", cwd=repo) if wanted else ""
+    found = {}
+    for line in out.splitlines():
+        sha, when, subject = (line.split(" ", 2) + [""])[:3]
+        found[sha] = (int(when), subject)
+    return found
+
+
+def base_info(repo: Path, commit: str, pin=None, real: str = "", shown=None) -> dict:
+    """Describe a base: from its pin when it has one, else from the commit itself. ``shown``:
+    ``commit_dates`` of the base (and ``real``) when the caller already has them."""
+    shown = shown if shown is not None else commit_dates(repo, [commit, real])
+    when, subject = shown[commit]
+    info = {"commit": commit, "date": utc(when)}
     if pin is None:
         info.update(kind="commit", label=commit[:12], subject=subject)
     elif pin.kind == "pypi":
@@ -41,7 +61,7 @@ def base_info(repo: Path, commit: str, pin=None, real: str = "") -> dict:
         info.update(kind="git", label=f"{pin.ref or pin.commit[:12]}", url=pin.url,
                     upstream_commit=pin.commit, ref=pin.ref)
         if real:
-            info["date"] = utc(int(git("show", "-s", "--format=%ct", real, cwd=repo).strip()))
+            info["date"] = utc(shown[real][0])
     return info
 
 
@@ -86,22 +106,18 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                 raise RebaseError(f"{repo}: {rev!r} does not name a commit")
         raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
     old_base, old_tip, new_base, new_tip = resolved
-    for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
-        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
-            raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
-        merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
-        if merges:
-            # list_range skips merges: an (evil) merge's own change would vanish from the report.
-            subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
-            raise RebaseError(
-                f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
-                f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
-                f"(rebase the range onto its base, or pass the range of a linear branch)"
-            )
+    # range-diff (the slowest git call here) and the package counts need only the ids: they run
+    # in the background next to the two logs below (each is a git process; the machine's other
+    # core takes it). Their results are read where they were computed before.
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        rd_job = pool.submit(range_diff_pairs, repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
+        package_job = pool.submit(package_changes, repo, old_base, new_base) if old_base != new_base else None
+        old, new = _read_stacks(repo, old_base, old_tip, new_base, new_tip, trusted)
+        rd_pairs, rd_raw = rd_job.result()
+    finally:
+        pool.shutdown(wait=True)  # also on an error: no git process outlives the call
     hints = hints or {}
-    old = list_range(repo, old_base, old_tip)
-    new = list_range(repo, new_base, new_tip)
-    rd_pairs, rd_raw = range_diff_pairs(repo, f"{old_base}..{old_tip}", f"{new_base}..{new_tip}")
     if upstream_range is None and not (old_pin and new_pin) and old_base != new_base and git_proc(
             "merge-base", "--is-ancestor", old_base, new_base, cwd=repo).returncode == 0:
         upstream_range = (old_base, new_base)
@@ -128,8 +144,16 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
 
     notes = hints.get("notes", {})
-    old_info = base_info(repo, old_base, old_pin, upstream_range[0] if upstream_range and old_pin else "")
-    new_info = base_info(repo, new_base, new_pin, upstream_range[1] if upstream_range and new_pin else "")
+    old_real = upstream_range[0] if upstream_range and old_pin else ""
+    new_real = upstream_range[1] if upstream_range and new_pin else ""
+    # One cat-file call for the bases: commit objects (dates) and version files (downgrades);
+    # subjects only appear for bases without a pin.
+    specs = base_specs(old_base, new_base) + [c for c in (old_real, new_real) if c]
+    objects = read_blobs(repo, list(dict.fromkeys(specs)))
+    shown = commit_dates(repo, [old_base, new_base, old_real, new_real], objects,
+                         subjects=old_pin is None or new_pin is None)
+    old_info = base_info(repo, old_base, old_pin, old_real, shown)
+    new_info = base_info(repo, new_base, new_pin, new_real, shown)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
     mapping = []
@@ -184,11 +208,11 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             churn["entries"].append({"commit": c.commit, "subject": c.subject, "files": touched,
                                      "patches": _numbers_touching(touching, touched)})
     elif old_base != new_base:
-        out = git("diff", "--numstat", "--no-renames", old_base, new_base, "--", *stack_files, cwd=repo) \
-            if stack_files else ""
-        paths = [line.split("\t", 2)[2] for line in out.splitlines()]
-        whole = git("diff", "--no-renames", "-U2", old_base, new_base, "--", *paths, cwd=repo) if paths else ""
-        per_file = {}  # one git call, split per file
+        # One git call: the numstat lines, a blank line, then the -U2 patch of the same files.
+        both = git("diff", "--no-renames", "-U2", "--numstat", "-p", old_base, new_base, "--", *stack_files,
+                   cwd=repo) if stack_files else ""
+        out, _, whole = both.partition("\n\n")
+        per_file = {}  # split per file
         for chunk in re.split(r"(?m)^(?=diff --git )", whole):
             if chunk.startswith("diff --git "):
                 per_file[chunk.split("\n", 1)[0][len("diff --git "):]] = chunk
@@ -204,7 +228,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                                      "patches": _numbers_touching(touching, [path]),
                                      "diff": "\n".join(lines)})
     if old_base != new_base:
-        churn["package_changes"] = package_changes(repo, old_base, new_base)
+        churn["package_changes"] = package_job.result()
     review = review_focus(mapping, churn)
 
     return {
@@ -215,10 +239,31 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "mapping": mapping,
         "upstream_churn": churn,
         "review": review,
-        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin) if old_base != new_base else [],
+        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin, objects)
+        if old_base != new_base else [],
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
+
+
+def _read_stacks(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, trusted: bool):
+    """Both ranges as Commits (with patch-ids), after checking each is a linear range."""
+    stacks = []
+    for base, tip, side in ((old_base, old_tip, "old"), (new_base, new_tip, "new")):
+        if not trusted and git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
+            raise RebaseError(f"{side} range: {base[:12]} is not an ancestor of {tip[:12]} in {repo}")
+        commits, merges = read_range(repo, base, tip)
+        if merges:
+            # A merge's own change would vanish from the report (its diff is not listed).
+            subject = git("show", "-s", "--format=%s", merges[0], cwd=repo).strip()
+            raise RebaseError(
+                f"{side} range {base[:12]}..{tip[:12]} contains {len(merges)} merge commit(s), e.g. "
+                f"{merges[0][:12]} ({subject!r}); the report compares linear patch stacks only "
+                f"(rebase the range onto its base, or pass the range of a linear branch)"
+            )
+        stacks.append(commits)
+    fill_patch_ids(repo, stacks[0] + stacks[1])  # both stacks in one git call
+    return stacks
 
 
 def _patches_by_file(commits: list) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tools.rebase import names
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.gitcmd import cat_objects, git, git_proc, rev_parse
 from tools.rebase.pin import Pin
 
 UPSTREAM_NAME = "Upstream import"
@@ -172,9 +172,10 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     """Make sure the pinned base is a tagged commit in ``work``; return its commit id."""
     ensure_work_repo(work)
     tag = base_tag(pin)
-    existing = rev_parse(work, f"refs/tags/{tag}")
-    if existing and _records(work, existing, pin):
-        return existing
+    # One cat-file call: the tagged commit's id and its message (which records the verified hash).
+    existing = cat_objects(work, [f"refs/tags/{tag}^{{commit}}"])[f"refs/tags/{tag}^{{commit}}"]
+    if existing and _records(existing[2], pin):
+        return existing[0]
     if pin.kind == "pypi":
         archive = fetch_verified_sdist(cache, pin)
         with tempfile.TemporaryDirectory() as tmp:
@@ -192,12 +193,12 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     return commit
 
 
-def _records(work: Path, commit: str, pin: Pin) -> bool:
+def _records(commit_object: bytes, pin: Pin) -> bool:
     """Whether a cached base commit was imported for exactly this pin: the tag's label holds only
     12 hex digits of the sha256, the commit message the full hash that was verified."""
     if pin.kind != "pypi":
         return True  # the label holds the full commit id
-    message = git("show", "-s", "--format=%B", commit, cwd=work)
+    _, _, message = commit_object.decode("utf-8", "replace").partition("\n\n")  # after the header
     return f"\nsdist sha256: {pin.sha256}\n" in message
 
 

@@ -5,14 +5,16 @@ format-patch flags on the way out, so ids and bytes are reproducible on any mach
 """
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, git_proc, rev_parse
+from tools.rebase.gitcmd import git, git_proc, is_full_id, rev_parse
 from tools.rebase.series import SLUG, parse_trailers
 
 MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
@@ -100,16 +102,45 @@ def commit_message(repo: Path, commit: str) -> str:
     return git("show", "-s", "--format=%B", commit, cwd=repo)
 
 
+class ChainCommit(NamedTuple):
+    commit: str
+    parents: tuple
+    committer_name: str
+    committer_email: str
+    author_date: str  # raw: "<seconds> <zone>"
+    committer_date: str
+    message: str
+    raw: str  # ``--raw`` lines: file modes and blob ids
+
+
+def chain_log(repo: Path, base: str, tip: str) -> list:
+    """``[ChainCommit]`` of base..tip, oldest first, from one ``git log``. Between full commit
+    ids the answer cannot change (ids name their whole history), so a bump's repeated questions
+    about one range (names, committer checks, the export's checks) cost one git call."""
+    if is_full_id(base) and is_full_id(tip):
+        return list(_chain_log_cached(str(repo), base, tip))
+    return _chain_log(repo, base, tip)
+
+
+def _chain_log(repo, base: str, tip: str) -> list:
+    out = git("log", "--reverse", "--date=raw", "--no-renames", "--raw", "--no-abbrev",
+              "--format=%x01%H%x00%P%x00%cn%x00%ce%x00%ad%x00%cd%x00%B%x02", f"{base}..{tip}", cwd=repo)
+    rows = []
+    for chunk in out.split("\x01")[1:]:
+        head, _, raw = chunk.partition("\x02")
+        sha, parents, cn, ce, ad, cd, message = head.split("\x00", 6)
+        rows.append(ChainCommit(sha, tuple(parents.split()), cn, ce, ad, cd, message.rstrip("\n"), raw))
+    return rows
+
+
+@functools.lru_cache(maxsize=32)
+def _chain_log_cached(repo: str, base: str, tip: str) -> tuple:
+    return tuple(_chain_log(repo, base, tip))
+
+
 def export_range(repo: Path, base: str, tip: str) -> list:
     """Return ``[(file_name, bytes)]`` for base..tip in order; names come from Patch-Name."""
-    merges = git("rev-list", "--merges", f"{base}..{tip}", cwd=repo).split()
-    if merges:
-        raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
-    if git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode != 0:
-        raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
-    _refuse_symlinks(repo, base, tip)
-    log = git("log", "--reverse", "--format=%H%x00%B%x01", f"{base}..{tip}", cwd=repo)
-    commits = [entry.strip("\n").split("\x00", 1) for entry in log.split("\x01") if entry.strip()]
+    commits = _linear_range(repo, base, tip)
     names, seen = [], {}
     for commit, message in commits:
         subject = message.splitlines()[0] if message else ""
@@ -134,14 +165,31 @@ def export_range(repo: Path, base: str, tip: str) -> list:
             for number, (name, data) in enumerate(zip(names, bodies), start=1)]
 
 
-def _refuse_symlinks(repo: Path, base: str, tip: str) -> None:
+def _linear_range(repo: Path, base: str, tip: str) -> list:
+    """``[(commit, message)]`` of base..tip, oldest first, after the checks an export needs: no
+    merge commit, ``base`` an ancestor of ``tip``, no symlink. One ``git log`` answers all of
+    them (``chain_log``: parents, messages, raw file modes); merge-base only when ids cannot tell."""
+    rows = [(c.commit, c.parents, c.message, c.raw) for c in chain_log(repo, base, tip)]
+    merges = [commit for commit, parents, _, _ in reversed(rows) if len(parents) > 1]  # newest first
+    if merges:
+        raise RebaseError(f"the stack must be linear, but {merges[0][:12]} is a merge commit")
+    # Linear range: base is an ancestor of tip exactly when the oldest commit's parent is base
+    # (or the range is empty and tip is base).
+    if is_full_id(base) and (rows or is_full_id(tip)):
+        ancestor = rows[0][1] == (base,) if rows else tip == base
+    else:
+        ancestor = git_proc("merge-base", "--is-ancestor", base, tip, cwd=repo).returncode == 0
+    if not ancestor:
+        raise RebaseError(f"{tip[:12]} is not built on the pinned base {base[:12]}")
+    for commit, _, _, raw in rows:
+        _refuse_symlink_lines(commit, raw)
+    return [(commit, message) for commit, _, message, _ in rows]
+
+
+def _refuse_symlink_lines(commit: str, raw: str) -> None:
     """A commit that adds or changes a symlink cannot become a patch (the package has none)."""
-    out = git("log", "--no-renames", "--raw", "--no-abbrev", "--format=commit %H", f"{base}..{tip}", cwd=repo)
-    commit = ""
-    for line in out.splitlines():
-        if line.startswith("commit "):
-            commit = line[7:]
-        elif line.startswith(":") and line.split(" ", 2)[1] == "120000":
+    for line in raw.splitlines():
+        if line.startswith(":") and line.split(" ", 2)[1] == "120000":
             raise RebaseError(f"commit {commit[:12]} adds a symlink, {line.split(chr(9), 1)[1]!r}; the "
                               f"package must not contain symlinks: replace it with a file. Nothing was written.")
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import git, is_clean, rev_parse
+from tools.rebase.gitcmd import git, head_commit, is_clean, rev_parse
 from tools.rebase.lock import locked
 from tools.rebase.materialize import commit_tree_copy, fork_version, local_edits, materialize, upstream_version
 from tools.rebase.paths import Layout
@@ -46,7 +46,7 @@ def guard_work_repo(layout, state: dict) -> None:
             f"{work} has uncommitted changes; commit them and run export, or discard them "
             f"(git -C {work} stash / checkout) before applying"
         )
-    head = rev_parse(work, "HEAD")
+    head = head_commit(work)
     if head and state.get("tip") and head != state["tip"]:
         raise RebaseError(
             f"{work} HEAD ({head[:12]}) is not the stack last applied or exported "
