@@ -27,7 +27,8 @@ from tools.rebase import conflicts, dependents
 from tools.rebase import journal as jr
 from tools.rebase import resolutions as rr
 from tools.rebase.basecompare import downgrade_warnings
-from tools.rebase.diffparse import find_absorbing_commit, list_range, upstream_commits
+from tools.rebase.classify import prefetch_range_diff
+from tools.rebase.diffparse import find_absorbing_commit, list_range, prefetch_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, head_commit, is_clean, rev_parse
 from tools.rebase.gitlocks import clear_stale_locks
@@ -39,7 +40,7 @@ from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
-from tools.rebase.stack import chain_log, commit_message
+from tools.rebase.stack import chain_log, commit_message, prefetch_export
 
 LAST_OLD_REF = "refs/rebase/last-bump/old"
 LAST_NEW_REF = "refs/rebase/last-bump/new"
@@ -192,6 +193,13 @@ def _reset_to(work: Path, commit: str) -> None:
     git("clean", "-q", "-fd", cwd=work)
 
 
+def _prefetch_finish(work: Path, j, tip: str) -> None:
+    """Start the finish's read-only git work on ``new_base..tip`` (used if the bump ends there)."""
+    prefetch_range(work, j.new_base, tip)
+    prefetch_export(work, j.new_base, tip)
+    prefetch_range_diff(work, j.old_base, j.old_tip, j.new_base, tip)
+
+
 def _base_label(pin: Pin) -> str:
     return f"{pin.package} {pin.version}" if pin.kind == "pypi" else f"{pin.url}@{(pin.ref or pin.commit[:12])}"
 
@@ -278,6 +286,7 @@ class Bump:
         # branch itself stays where it was (abort must find it unchanged).
         old_head = _head(work)
         old_tip = canonical_chain(work, old_base, old_head)
+        prefetch_range(work, old_base, old_tip)  # the report reads the old stack: start it now
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
         names = [n for _, n, _ in described]
@@ -513,6 +522,8 @@ class Bump:
                 _reset_to(work, j.tip)
                 raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
             head, end = _head(work), idx if idx is not None else len(j.commits)
+            if idx is None:  # replayed to the end: the export and report read head while lint runs
+                _prefetch_finish(work, j, head)
             broken = self._lint_replayed(head, end)
             if broken:  # a clean merge that broke a Python file stops like a conflict
                 k, bad, parent, findings = broken

@@ -11,6 +11,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
+from tools.rebase import prefetch
 from tools.rebase.diffparse import overlap
 from tools.rebase.gitcmd import git_proc
 
@@ -33,10 +34,23 @@ class Row:
     upstream: str = ""  # absorbing upstream commit, when known
 
 
+def _range_diff(repo, old_range: str, new_range: str, creation_factor: int):
+    return git_proc("range-diff", "--no-color", "--no-patch", f"--creation-factor={creation_factor}",
+                    old_range, new_range, cwd=repo)
+
+
+def prefetch_range_diff(repo, old_base, old_tip, new_base, new_tip, creation_factor: int = 80) -> None:
+    """Run the range-diff of these two ranges in the background for ``range_diff_pairs``."""
+    if prefetch.immutable(old_base, old_tip, new_base, new_tip):
+        args = (str(repo), f"{old_base}..{old_tip}", f"{new_base}..{new_tip}", creation_factor)
+        prefetch.start(("range-diff", *args), _range_diff, repo, *args[1:])
+
+
 def range_diff_pairs(repo, old_range: str, new_range: str, creation_factor: int = 80):
     """``[(old index, new index)]`` (0-based) that ``git range-diff`` pairs, and its raw output."""
-    proc = git_proc("range-diff", "--no-color", "--no-patch", f"--creation-factor={creation_factor}",
-                    old_range, new_range, cwd=repo)
+    found, proc = prefetch.take(("range-diff", str(repo), old_range, new_range, creation_factor))
+    if not found:
+        proc = _range_diff(repo, old_range, new_range, creation_factor)
     pairs = []
     if proc.returncode != 0:
         return pairs, ""

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.rebase import prefetch
 from tools.rebase.gitcmd import git
 from tools.rebase.series import parse_trailers, test_ids
 
@@ -117,14 +118,27 @@ def list_range(repo: Path, base: str, tip: str) -> list:
     return commits
 
 
+def range_log(repo: Path, base: str, tip: str) -> str:
+    """The raw ``git log -p`` of ``base..tip`` that ``read_range`` parses."""
+    return git(
+        "log", "--reverse", "--no-color", "--full-index", "-p", "--no-ext-diff",
+        f"--format={_SEP_COMMIT}%H %P{_SEP_BODY}%B{_SEP_DIFF}", f"{base}..{tip}", cwd=repo,
+    )
+
+
+def prefetch_range(repo: Path, base: str, tip: str) -> None:
+    """Read ``base..tip``'s log in the background for the next ``read_range`` of that range."""
+    if prefetch.immutable(base, tip):
+        prefetch.start(("log", str(repo), base, tip), range_log, repo, base, tip)
+
+
 def read_range(repo: Path, base: str, tip: str):
     """``(commits, merges)`` of ``base..tip``: the non-merge commits oldest first, with messages
     and diffs but no patch-ids yet (``fill_patch_ids`` does several ranges in one call), and the
     merge commits' ids, newest first (as ``git rev-list --merges`` lists them)."""
-    out = git(
-        "log", "--reverse", "--no-color", "--full-index", "-p", "--no-ext-diff",
-        f"--format={_SEP_COMMIT}%H %P{_SEP_BODY}%B{_SEP_DIFF}", f"{base}..{tip}", cwd=repo,
-    )
+    found, out = prefetch.take(("log", str(repo), base, tip))
+    if not found:
+        out = range_log(repo, base, tip)
     commits, merges = [], []
     for chunk in out.split(_SEP_COMMIT)[1:]:
         ids, _, rest = chunk.partition(_SEP_BODY)

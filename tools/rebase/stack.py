@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from tools.rebase import prefetch
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, is_full_id, rev_parse
 from tools.rebase.series import SLUG, parse_trailers
@@ -194,10 +195,22 @@ def _refuse_symlink_lines(commit: str, raw: str) -> None:
                               f"package must not contain symlinks: replace it with a file. Nothing was written.")
 
 
+def _format_patch_stream(repo: Path, base: str, tip: str) -> bytes:
+    return git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=repo, binary=True)
+
+
+def prefetch_export(repo: Path, base: str, tip: str) -> None:
+    """Run the export's format-patch of ``base..tip`` in the background for ``export_range``."""
+    if prefetch.immutable(base, tip):
+        prefetch.start(("format-patch", str(repo), base, tip), _format_patch_stream, repo, base, tip)
+
+
 def _format_range(repo: Path, base: str, tip: str, count: int):
     """format-patch the whole range in one call and split it per commit (None if it does not split
     into ``count`` messages, e.g. a message quoting a From line: then format commit by commit)."""
-    stream = git("format-patch", *FORMAT_PATCH_FLAGS, f"{base}..{tip}", cwd=repo, binary=True)
+    found, stream = prefetch.take(("format-patch", str(repo), base, tip))
+    if not found:
+        stream = _format_patch_stream(repo, base, tip)
     parts = stream.split(MBOX_FROM)
     if parts[0] != b"" or len(parts) - 1 != count:
         return None
