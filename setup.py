@@ -65,9 +65,10 @@ setup(
     license="BSD-3-Clause AND Apache-2.0",
     python_requires=">=3.11",
     packages=find_namespace_packages(
-        include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*", "tools", "tools.rebase"]
+        include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*", "tools", "tools.rebase",
+                 "tools.rebase.*"]
     ),
-    package_data={"megatron.core": ["requirements.txt", "README.md"], "tools.rebase": ["gitattributes"]},
+    package_data={"megatron.core": ["requirements.txt", "README.md"], "tools.rebase.git": ["gitattributes"]},
     entry_points={"console_scripts": ["megatron-rebase = tools.rebase.launch:main"]},
     include_package_data=False,
     install_requires=[

@@ -39,9 +39,9 @@ MHC_LINE = re.compile(r"^mHC overhead \(4 streams\): .*$", re.M)
 
 def upstream_tree(tmp: Path) -> Path:
     """Extract the pinned upstream sdist (verified by sha256) and return its source root."""
-    from tools.rebase.paths import Layout
-    from tools.rebase.pin import load_pin
-    from tools.rebase.source import fetch_verified_sdist
+    from tools.rebase.git.paths import Layout
+    from tools.rebase.stack.pin import load_pin
+    from tools.rebase.stack.source import fetch_verified_sdist
 
     layout = Layout(ROOT)
     archive = fetch_verified_sdist(layout.cache, load_pin(layout.pin))

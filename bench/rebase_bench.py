@@ -26,14 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.rebase.bump import bump  # noqa: E402
-from tools.rebase.bump_cli import report_last_bump  # noqa: E402
-from tools.rebase.gitcmd import hermetic_env  # noqa: E402
-from tools.rebase.paths import Layout  # noqa: E402
-from tools.rebase.pin import Pin  # noqa: E402
-from tools.rebase.report import write_report  # noqa: E402
-from tools.rebase.source import download_sdist, import_base, sha256_file, use_mirror  # noqa: E402
-from tools.rebase.workrepo import apply, export  # noqa: E402
+from tools.rebase.bump.bump import bump  # noqa: E402
+from tools.rebase.commands.bump_cli import report_last_bump  # noqa: E402
+from tools.rebase.git.gitcmd import hermetic_env  # noqa: E402
+from tools.rebase.git.paths import Layout  # noqa: E402
+from tools.rebase.stack.pin import Pin  # noqa: E402
+from tools.rebase.report.report import write_report  # noqa: E402
+from tools.rebase.stack.source import download_sdist, import_base, sha256_file, use_mirror  # noqa: E402
+from tools.rebase.stack.workrepo import apply, export  # noqa: E402
 
 OLD, NEW = "0.19.0", "0.19.2"
 UPSTREAM_URL = "https://github.com/NVIDIA/Megatron-LM.git"
@@ -119,7 +119,7 @@ def raw_git(work: Path, old_base: str, old_tip: str, new_base: str) -> float:
 
 def make_git_template(dest: Path, cache: Path, mirror: str, old_rev: str, new_rev: str):
     """A stack of the append-style patches on upstream ``old_rev``; ``new_rev`` imported too."""
-    from tools.rebase.gitcmd import git
+    from tools.rebase.git.gitcmd import git
 
     use_mirror(UPSTREAM_URL, mirror)
     commits = git("rev-parse", f"{old_rev}^{{commit}}", f"{new_rev}^{{commit}}", cwd=mirror).split()
@@ -146,9 +146,9 @@ def make_git_template(dest: Path, cache: Path, mirror: str, old_rev: str, new_re
 
 
 def run_scenario(tmp: Path, label: str, template: Layout, new_pin, spec: str, repeat: int, keep=None):
-    from tools.rebase.gitcmd import git
-    from tools.rebase.pin import load_pin
-    from tools.rebase.source import base_tag
+    from tools.rebase.git.gitcmd import git
+    from tools.rebase.stack.pin import load_pin
+    from tools.rebase.stack.source import base_tag
 
     old_base = git("rev-parse", f"refs/tags/{base_tag(load_pin(template.pin))}", cwd=template.work).strip()
     old_tip = git("rev-parse", "HEAD", cwd=template.work).strip()

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.rebase.pin import load_pin  # noqa: E402
-from tools.rebase.source import download_sdist, sha256_file  # noqa: E402
+from tools.rebase.stack.pin import load_pin  # noqa: E402
+from tools.rebase.stack.source import download_sdist, sha256_file  # noqa: E402
 
 
 def main() -> int:

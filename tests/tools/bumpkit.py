@@ -91,7 +91,7 @@ UPSTREAM_FILES = {
 
 class Fork:
     def __init__(self, root: Path, upstream: Path):
-        from tools.rebase.paths import Layout
+        from tools.rebase.git.paths import Layout
 
         self.root, self.upstream = root, upstream
         self.layout = Layout(root)
@@ -111,7 +111,7 @@ class Fork:
         commit(self.work, edits, patch_msg(name, subject, body, tests))
 
     def stack(self, patches):
-        from tools.rebase.workrepo import apply, export
+        from tools.rebase.stack.workrepo import apply, export
 
         apply(self.layout, log=quiet)
         for args in patches:

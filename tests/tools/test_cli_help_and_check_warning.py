@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.rebase.check import check
+from tools.rebase.proof.check import check
 from tools.rebase.cli import build_parser
-from tools.rebase.workrepo import apply, export
+from tools.rebase.stack.workrepo import apply, export
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.tools.bumpkit import commit, init, patch_msg, sh
-from tools.rebase.check import check
+from tools.rebase.proof.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
-from tools.rebase.gitcmd import rev_parse
-from tools.rebase.workrepo import apply, export
+from tools.rebase.git.gitcmd import rev_parse
+from tools.rebase.stack.workrepo import apply, export
 
 
 def quiet(*_args, **_kwargs):
@@ -95,7 +95,7 @@ def test_onto_spec_fields_that_git_or_pip_would_misread_are_refused(fork, tmp_pa
 
 def test_fetch_ends_options_even_if_validation_is_bypassed(fork, tmp_path, monkeypatch):
     """Second layer: the URL reaches git after ``--``, so it is never an option."""
-    from tools.rebase import source
+    from tools.rebase.stack import source
 
     monkeypatch.setattr(source.names, "git_url", lambda value, *a, **k: value)
     marker = tmp_path / "MARKER"
@@ -197,7 +197,7 @@ def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, lo
 
 
 def test_hash_checked_download_reports_progress_and_caches(tmp_path, local_index):
-    from tools.rebase.source import download_sdist, sha256_file
+    from tools.rebase.stack.source import download_sdist, sha256_file
 
     sha = _sdist(local_index / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
     lines = []
@@ -224,7 +224,7 @@ def test_a_changed_later_digit_of_the_pin_fails_although_the_base_is_cached(fork
 
 
 def test_pip_errors_are_cut_at_line_boundaries():
-    from tools.rebase.source import _tail_lines
+    from tools.rebase.stack.source import _tail_lines
 
     text = "\n".join(f"line {i} " + "x" * 90 for i in range(100))
     tail = _tail_lines(text, limit=500)
@@ -260,7 +260,7 @@ def test_patch_adding_a_symlink_is_refused(fork, tmp_path):
 
 @pytest.mark.parametrize("kind", ["outside-file", "loop"])
 def test_materialize_refuses_symlinks_in_the_tree(tmp_path, kind):
-    from tools.rebase.materialize import materialize
+    from tools.rebase.stack.materialize import materialize
 
     tree = tmp_path / "work"
     (tree / "megatron/core").mkdir(parents=True)
@@ -300,7 +300,7 @@ def test_patch_name_with_traversal_is_refused(fork, tmp_path):
 
 
 def test_resolutions_refuse_unsafe_names(fork, tmp_path):
-    from tools.rebase.resolutions import export_resolutions, import_resolutions
+    from tools.rebase.bump.resolutions import export_resolutions, import_resolutions
 
     two_patch_stack(fork)
     rr = fork.work / ".git" / "rr-cache" / ("a" * 40)
@@ -320,7 +320,7 @@ def test_resolutions_refuse_unsafe_names(fork, tmp_path):
 
 
 def test_sdist_path_refuses_traversal():
-    from tools.rebase.source import sdist_path
+    from tools.rebase.stack.source import sdist_path
 
     with pytest.raises(RebaseError, match="version '../../../x'"):
         sdist_path(Path("/cache"), "megatron-core", "../../../x")
@@ -344,7 +344,7 @@ def test_tests_ids_must_be_relative_paths_inside_tests(fork, node_id, why):
 
 
 def test_pytest_runner_never_passes_an_option(fork, tmp_path):
-    from tools.rebase.bump import pytest_runner
+    from tools.rebase.bump.bump import pytest_runner
 
     marker = tmp_path / "conftest-ran"
     (tmp_path / "evil").mkdir()
@@ -479,7 +479,7 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
     """A pin may name a local repository, but only the pinned commit's history is copied in:
     the outside object store is never linked (git alternates), so nothing else in it becomes
     readable. Borrowing is for a ``--mirror`` the maintainer names on the command line."""
-    from tools.rebase import source
+    from tools.rebase.stack import source
 
     outside = _git("hash-object", "-w", "--stdin", cwd=fork.upstream, input="not in the pin\n").stdout.strip()
     apply(fork.layout, log=quiet)
@@ -508,9 +508,9 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
 def test_proof_record_entries_are_validated_before_they_reach_the_readme(fork, entry, why):
     import json
 
-    from tools.rebase.listing import patch_table
-    from tools.rebase.series import load_stack
-    from tools.rebase.state import current_digest
+    from tools.rebase.proof.listing import patch_table
+    from tools.rebase.stack.series import load_stack
+    from tools.rebase.stack.state import current_digest
 
     two_patch_stack(fork)
     _, patches = load_stack(fork.layout)
@@ -550,8 +550,8 @@ def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuil
     request can change: a row of the wrong shape is an error naming the file, not a traceback."""
     import json
 
-    from tools.rebase.bump import bump
-    from tools.rebase.journal import last_bump_dir
+    from tools.rebase.bump.bump import bump
+    from tools.rebase.bump.journal import last_bump_dir
 
     two_patch_stack(fork)
     (fork.root / ".gitignore").write_text(".rebase/\nmegatron/\n")
@@ -570,7 +570,7 @@ def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuil
 def test_a_symlinked_resolutions_folder_is_refused_before_anything_is_read_or_pruned(fork, tmp_path):
     """patches/resolutions comes from a pull request: as a link to an outside folder, import would
     read it and the bump's prune would delete every folder in it not named like a patch."""
-    from tools.rebase.resolutions import export_resolutions, import_resolutions, prune
+    from tools.rebase.bump.resolutions import export_resolutions, import_resolutions, prune
 
     victim = tmp_path / "victim"
     (victim / "keep-me" / ("c" * 40)).mkdir(parents=True)
@@ -609,7 +609,7 @@ def test_a_symlinked_patch_or_series_file_is_refused(fork, tmp_path, linked):
 def test_forecast_copies_patches_without_following_links(fork, tmp_path):
     """The dry run's scratch copy of patches/ keeps a link a link, so the same refusal applies
     (instead of copying the outside folder in as recorded resolutions)."""
-    from tools.rebase.forecast import forecast
+    from tools.rebase.bump.forecast import forecast
 
     two_patch_stack(fork)
     fork.upstream_commit({"README.md": "synthetic upstream v2\n"}, "v2", tag="v2")
@@ -632,8 +632,8 @@ def test_a_version_that_is_not_a_literal_is_a_clean_error(fork, minor, why):
 
 def test_pytest_runners_refuse_a_plugin_option_even_if_validation_is_bypassed(tmp_path):
     """pytest loads ``-p NAME`` even after ``--``: both runners refuse such an id themselves."""
-    from tools.rebase import prove
-    from tools.rebase.testrun import run_pytest
+    from tools.rebase.proof import prove
+    from tools.rebase.proof.testrun import run_pytest
 
     run = tmp_path / "run"
     (run / "tests").mkdir(parents=True)
@@ -675,7 +675,7 @@ def test_a_tool_path_committed_as_a_symlink_is_refused_before_anything_is_writte
 
 
 def test_prove_copies_links_in_tests_as_links_and_refuses_a_linked_tests_folder(fork, tmp_path):
-    from tools.rebase.prove import _prepare_run_dir
+    from tools.rebase.proof.prove import _prepare_run_dir
 
     secret = tmp_path / "secret.py"
     secret.write_text("SECRET = 1\n")
@@ -692,8 +692,8 @@ def test_prove_copies_links_in_tests_as_links_and_refuses_a_linked_tests_folder(
 
 
 def test_prove_record_is_refused_when_the_stack_changed_during_the_run(fork):
-    from tools.rebase.prove import PROVEN, Proof, proof_path, stack_digest_now, write_record
-    from tools.rebase.series import load_stack
+    from tools.rebase.proof.prove import PROVEN, Proof, proof_path, stack_digest_now, write_record
+    from tools.rebase.stack.series import load_stack
 
     two_patch_stack(fork)
     proved = stack_digest_now(fork.layout)
@@ -709,7 +709,7 @@ def test_prove_record_is_refused_when_the_stack_changed_during_the_run(fork):
 
 def test_export_that_refuses_a_new_patch_leaves_patches_and_state_as_they_were(fork):
     """The version is read and the new files parsed before patches/ is touched."""
-    from tools.rebase.state import read_state
+    from tools.rebase.stack.state import read_state
 
     two_patch_stack(fork)
     before, state = fork.patch_files(), read_state(fork.layout)
@@ -726,7 +726,7 @@ def test_export_that_refuses_a_new_patch_leaves_patches_and_state_as_they_were(f
 
 def test_a_pin_with_a_relative_local_path_is_refused_and_onto_resolves_one_where_it_was_typed(
         fork, tmp_path, monkeypatch):
-    from tools.rebase.pin import load_pin, parse_spec
+    from tools.rebase.stack.pin import load_pin, parse_spec
 
     text = fork.layout.pin.read_text()
     url = re.search(r'url = "([^"]+)"', text)[1]

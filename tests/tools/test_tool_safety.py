@@ -12,10 +12,10 @@ import pytest
 
 from tests.tools.bumpkit import (all_pass, assert_fresh_clone_report_is_the_committed_one, commit_checkout,
                                  ignore_generated, make_fork, quiet, replace_line, resolve_conflict, sh)
-from tools.rebase import journal
-from tools.rebase.bump import Stopped, bump, bump_abort, bump_continue
+from tools.rebase.bump import journal
+from tools.rebase.bump.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.errors import RebaseError
-from tools.rebase.workrepo import apply, export
+from tools.rebase.stack.workrepo import apply, export
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
@@ -117,7 +117,7 @@ def test_abort_keeps_megatron_edits_made_while_stopped(tmp_path, cache):
 # ---------------------------------------------------------------- item 5: one lock
 
 def test_commands_refuse_while_another_holds_the_lock_naming_it(tmp_path, cache):
-    from tools.rebase.lock import locked
+    from tools.rebase.git.lock import locked
 
     fork = make_fork(tmp_path)
     fork.stack(STACK)
@@ -134,7 +134,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, cache):
     fork.stack(STACK)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
-        "from tools.rebase.paths import Layout; from tools.rebase.lock import locked\n"
+        "from tools.rebase.git.paths import Layout; from tools.rebase.git.lock import locked\n"
         "with locked(Layout(Path(sys.argv[2])), 'export'):\n    print('held', flush=True); time.sleep(60)\n"),
         str(REPO_ROOT), str(fork.root)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -148,7 +148,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, cache):
 
 
 def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
-    from tools.rebase.lock import locked
+    from tools.rebase.git.lock import locked
 
     fork = make_fork(tmp_path)
     fork.stack(STACK)
@@ -168,7 +168,7 @@ def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
 def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     """The second apply starts while the first is inside its build (held there on purpose, so the
     two really overlap): it must wait rather than share the work repo, and both end whole."""
-    from tools.rebase.materialize import local_edits
+    from tools.rebase.stack.materialize import local_edits
 
     fork = make_fork(tmp_path)
     fork.stack(STACK)
@@ -176,7 +176,7 @@ def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     shutil.rmtree(fork.root / "megatron")
     fork.layout.state_file.unlink()
     first = subprocess.Popen([sys.executable, "-c", (
-        "import sys\nfrom tools.rebase import workrepo\nfrom tools.rebase.launch import main\n"
+        "import sys\nfrom tools.rebase.stack import workrepo\nfrom tools.rebase.launch import main\n"
         "real = workrepo.build\n"
         "def paused(*a, **k):\n    print('building', flush=True); sys.stdin.readline(); return real(*a, **k)\n"
         "workrepo.build = paused\nsys.exit(main(['-C', sys.argv[1], 'apply']))\n"), str(fork.root)],

@@ -29,14 +29,14 @@ def _cache_dir() -> Path:
 
 def extract_pristine(dest: Path) -> Path:
     """Extract the verified pinned base into ``dest``; return the directory holding ``megatron/``."""
-    from tools.rebase.pin import load_pin
-    from tools.rebase.source import _extract_sdist, fetch_git_commit, fetch_verified_sdist
+    from tools.rebase.stack.pin import load_pin
+    from tools.rebase.stack.source import _extract_sdist, fetch_git_commit, fetch_verified_sdist
 
     pin = load_pin(ROOT / "upstream.toml")
     if pin.kind == "pypi":
         top, _ = _extract_sdist(fetch_verified_sdist(_cache_dir(), pin), dest)
         return top
-    from tools.rebase.gitcmd import git
+    from tools.rebase.git.gitcmd import git
 
     repo = dest / "git"
     repo.mkdir()

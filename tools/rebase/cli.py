@@ -4,30 +4,30 @@ import argparse
 import signal
 import sys
 
-from tools.rebase.bump_cli import register as register_bump_and_report
+from tools.rebase.commands.bump_cli import register as register_bump_and_report
 from tools.rebase.errors import RebaseError
-from tools.rebase.helptext import add_command
-from tools.rebase.paths import layout as find_layout
+from tools.rebase.commands.helptext import add_command
+from tools.rebase.git.paths import layout as find_layout
 
 
 def _cmd_apply(args, lay):
-    from tools.rebase.workrepo import apply
+    from tools.rebase.stack.workrepo import apply
 
     apply(lay, force=args.force)
     return 0
 
 
 def _cmd_export(args, lay):
-    from tools.rebase.workrepo import export
+    from tools.rebase.stack.workrepo import export
 
     export(lay, replace_patches=args.replace_patches)
     return 0
 
 
 def _cmd_check(args, lay):
-    from tools.rebase.check import check
-    from tools.rebase.lock import locked
-    from tools.rebase.workrepo import APPLY_LOCK_WAIT
+    from tools.rebase.proof.check import check
+    from tools.rebase.git.lock import locked
+    from tools.rebase.stack.workrepo import APPLY_LOCK_WAIT
 
     with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
         problems = check(lay)
@@ -41,10 +41,10 @@ def _cmd_check(args, lay):
 
 
 def _cmd_list(args, lay):
-    from tools.rebase.listing import patch_table, update_readme
+    from tools.rebase.proof.listing import patch_table, update_readme
 
     if args.update_readme:
-        from tools.rebase.lock import locked
+        from tools.rebase.git.lock import locked
 
         with locked(lay, "list --update-readme"):
             print("README.md updated" if update_readme(lay) else "README.md already current")
@@ -54,7 +54,7 @@ def _cmd_list(args, lay):
 
 
 def _cmd_prove(args, lay):
-    from tools.rebase.prove import UNPROVEN, prove, stack_digest_now, table, write_record
+    from tools.rebase.proof.prove import UNPROVEN, prove, stack_digest_now, table, write_record
 
     if args.record and args.patches:
         raise RebaseError("--record proves every patch of the series; leave out the patch names")
@@ -67,7 +67,7 @@ def _cmd_prove(args, lay):
         signal.signal(signal.SIGTERM, previous)
     sys.stdout.write(table(proofs))
     if args.record:
-        from tools.rebase.listing import update_readme
+        from tools.rebase.proof.listing import update_readme
 
         print(f"wrote {write_record(lay, proofs, proved_digest)}")
         print("README.md updated" if update_readme(lay) else "README.md already current")

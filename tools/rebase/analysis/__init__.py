@@ -1,0 +1,2 @@
+"""Read-only analysis of two stacks: patch pairing, absorption, lint, conflict causes, dependents,
+base comparison and review focus."""

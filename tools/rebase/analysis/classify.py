@@ -1,0 +1,341 @@
+"""Pair the commits of an old and a new stack and give every mapping line a status.
+
+``git range-diff`` pairs commits one to one and calls context drift "modified"; here its pairing
+is only one signal among several (stable ``Patch-Name`` identity first, then range-diff, equal
+patch-ids, overlap of changed lines, equal subjects), and groups are found on top of the pairs:
+an old commit whose changed lines mostly live in another new commit was merged into it; a new
+commit whose lines mostly come from an already paired old commit was split out of it.
+"""
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from tools.rebase.git import prefetch
+from tools.rebase.analysis.diffparse import overlap
+from tools.rebase.git.gitcmd import git_proc
+
+STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
+            "dropped", "new", "merged", "split", "reordered")
+PAIR_THRESHOLD = 0.5  # overlap / larger patch, for one-to-one pairing by content
+GROUP_THRESHOLD = 0.6  # share of a patch's lines found in the other, for merge/split links
+_RANGE_DIFF_LINE = re.compile(
+    r"^\s*(?P<a>\d+|-+):\s+(?P<ah>[0-9a-f]+|-+)\s+(?P<op>[=!<>])\s+(?P<b>\d+|-+):\s+(?P<bh>[0-9a-f]+|-+)"
+)
+
+
+@dataclass
+class Row:
+    status: str
+    old: list  # [Commit]
+    new: list  # [Commit]
+    notes: list = field(default_factory=list)
+    interdiff: str = ""
+    upstream: str = ""  # absorbing upstream commit, when known
+
+
+def _range_diff(repo, old_range: str, new_range: str, creation_factor: int):
+    return git_proc("range-diff", "--no-color", "--no-patch", f"--creation-factor={creation_factor}",
+                    old_range, new_range, cwd=repo)
+
+
+def prefetch_range_diff(repo, old_base, old_tip, new_base, new_tip, creation_factor: int = 80) -> None:
+    """Run the range-diff of these two ranges in the background for ``range_diff_pairs``."""
+    if prefetch.immutable(old_base, old_tip, new_base, new_tip):
+        args = (str(repo), f"{old_base}..{old_tip}", f"{new_base}..{new_tip}", creation_factor)
+        prefetch.start(("range-diff", *args), _range_diff, repo, *args[1:])
+
+
+def range_diff_pairs(repo, old_range: str, new_range: str, creation_factor: int = 80):
+    """``[(old index, new index)]`` (0-based) that ``git range-diff`` pairs, and its raw output."""
+    found, proc = prefetch.take(("range-diff", str(repo), old_range, new_range, creation_factor))
+    if not found:
+        proc = _range_diff(repo, old_range, new_range, creation_factor)
+    pairs = []
+    if proc.returncode != 0:
+        return pairs, ""
+    for line in proc.stdout.splitlines():
+        m = _RANGE_DIFF_LINE.match(line)
+        if m and m["op"] in "=!" and m["a"].isdigit() and m["b"].isdigit():
+            pairs.append((int(m["a"]) - 1, int(m["b"]) - 1))
+    return pairs, proc.stdout
+
+
+def _lines(diff: str, prefix: str) -> list:
+    out = []
+    for line in diff.split("\n"):
+        if line.startswith(prefix):
+            out.append(line.split(" @@")[0] if prefix == "@@" else line)
+    return out
+
+
+# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording.
+_COUNTER = re.compile(r"^\s*\[[^\]]*?\b\d+/\d+\]\s*")
+
+
+def _message_core(message: str) -> str:
+    lines = [line.rstrip() for line in message.strip().splitlines()]
+    if lines:
+        lines[0] = _COUNTER.sub("", lines[0])
+    return "\n".join(lines)
+
+
+def interdiff(old, new) -> str:
+    """A compact diff of the two patches' changed lines, file by file (context lines left out)."""
+    ok, nk = old.key, new.key
+    out = []
+    for path in sorted(set(ok) | set(nk)):
+        a, b = list(ok.get(path, ())), list(nk.get(path, ()))
+        if a == b:
+            continue
+        if not a:
+            out.append(f"{path}: only in the new patch")
+        elif not b:
+            out.append(f"{path}: only in the old patch")
+        diff = list(difflib.unified_diff(a, b, f"old/{path}", f"new/{path}", n=1, lineterm=""))
+        out.extend(diff)
+    return "\n".join(out)
+
+
+def _lis(seq):
+    """Indices (into ``seq``) of one longest strictly increasing subsequence, deterministic."""
+    if not seq:
+        return set()
+    tails, prev, tails_idx = [], [-1] * len(seq), []
+    import bisect
+
+    for i, v in enumerate(seq):
+        k = bisect.bisect_left(tails, v)
+        if k == len(tails):
+            tails.append(v)
+            tails_idx.append(i)
+        else:
+            tails[k] = v
+            tails_idx[k] = i
+        prev[i] = tails_idx[k - 1] if k > 0 else -1
+    out, i = set(), tails_idx[-1]
+    while i != -1:
+        out.add(i)
+        i = prev[i]
+    return out
+
+
+def pair(old: list, new: list, rd_pairs=()) -> tuple:
+    """One-to-one pairs ``{old index: new index}`` plus group links ``[(old index, new index)]``."""
+    o2n, n2o = {}, {}
+
+    def link(i, j):
+        o2n[i] = j
+        n2o[j] = i
+
+    names_new = {}
+    for j, c in enumerate(new):
+        if c.name:
+            names_new.setdefault(c.name, j)
+    for i, c in enumerate(old):
+        j = names_new.get(c.name) if c.name else None
+        if j is not None and j not in n2o:
+            link(i, j)
+    for i, j in rd_pairs:
+        if i < len(old) and j < len(new) and i not in o2n and j not in n2o:
+            # range-diff may pair unrelated commits when one side carries a stable name
+            if old[i].name and new[j].name and old[i].name != new[j].name:
+                continue
+            link(i, j)
+    for i, c in enumerate(old):
+        if i in o2n or not c.patch_id:
+            continue
+        for j, d in enumerate(new):
+            if j not in n2o and d.patch_id == c.patch_id:
+                link(i, j)
+                break
+    tokens_old = [c.tokens for c in old]
+    tokens_new = [c.tokens for c in new]
+    common = {}
+    for i in range(len(old)):
+        for j in range(len(new)):
+            n = overlap(tokens_old[i], tokens_new[j])
+            if n:
+                common[(i, j)] = n
+    scored = []
+    for (i, j), n in common.items():
+        if i in o2n or j in n2o:
+            continue
+        if old[i].name and new[j].name and old[i].name != new[j].name:
+            continue
+        score = n / max(len(tokens_old[i]), len(tokens_new[j]))
+        if score >= PAIR_THRESHOLD:
+            scored.append((-score, i, j))
+    for _, i, j in sorted(scored):
+        if i not in o2n and j not in n2o:
+            link(i, j)
+    for i, c in enumerate(old):
+        if i in o2n:
+            continue
+        for j, d in enumerate(new):
+            if j not in n2o and d.subject == c.subject and not (c.name and d.name and c.name != d.name):
+                link(i, j)
+                break
+    groups = []
+    added_new = [[t for t in toks if t[0] == "+"] for toks in tokens_new]
+    for i in range(len(old)):
+        if i in o2n or not tokens_old[i]:
+            continue
+        # Folded into a new patch: most of its added lines live there (its removed lines may not,
+        # when upstream rewrote them), even if that new patch already pairs with another old one.
+        added = [t for t in tokens_old[i] if t[0] == "+"]
+        if added and new:
+            shares = [overlap(added, a) for a in added_new]
+            best = max(range(len(new)), key=lambda j: (shares[j], -j))
+            if shares[best] * 2 > len(added):
+                groups.append((i, best))
+                continue
+        best = max(range(len(new)), key=lambda j: (common.get((i, j), 0), -j), default=None)
+        if best is not None and common.get((i, best), 0) >= GROUP_THRESHOLD * len(tokens_old[i]):
+            groups.append((i, best))
+    for j in range(len(new)):
+        if j in n2o or not tokens_new[j]:
+            continue
+        best = max(range(len(old)), key=lambda i: (common.get((i, j), 0), -i), default=None)
+        if best is not None and common.get((best, j), 0) >= GROUP_THRESHOLD * len(tokens_new[j]):
+            groups.append((best, j))
+    return o2n, groups
+
+
+def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> list:
+    """Return the mapping rows (unordered is fine; ``order_rows`` sorts them).
+
+    ``absorbed``: ``{old index: (upstream commit or "", how)}`` for old commits known or found to
+    be in the new base; ``dropped``: old indices the maintainer removed on purpose.
+    """
+    absorbed = absorbed or {}
+    o2n, groups = pair(old, new, rd_pairs)
+    # Connected components over pairs + group links.
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    for i, j in o2n.items():
+        union(("o", i), ("n", j))
+    for i, j in groups:
+        if i in dropped:
+            continue
+        union(("o", i), ("n", j))
+    comps = {}
+    for i in range(len(old)):
+        comps.setdefault(find(("o", i)), []).append(("o", i))
+    for j in range(len(new)):
+        comps.setdefault(find(("n", j)), []).append(("n", j))
+    rows = []
+    singles = []
+    for members in comps.values():
+        olds = sorted(i for side, i in members if side == "o")
+        news = sorted(j for side, j in members if side == "n")
+        if olds and news and (len(olds) > 1 or len(news) > 1):
+            status = "merged" if len(news) == 1 else "split" if len(olds) == 1 else "merged"
+            row = Row(status, [old[i] for i in olds], [new[j] for j in news])
+            if status == "merged" and len(news) > 1:
+                row.notes.append("regrouped: several old patches became several new ones")
+            elif status == "merged":
+                row.notes.append(f"{len(olds)} old patches folded into one")
+            else:
+                row.notes.append(f"split into {len(news)} patches")
+            rows.append(row)
+        elif olds and news:
+            singles.append((olds[0], news[0]))
+        elif olds:
+            i = olds[0]
+            if i in dropped:
+                rows.append(Row("dropped", [old[i]], [], ["removed on purpose by the maintainer"]))
+            elif i in absorbed:
+                commit, how = absorbed[i]
+                row = Row("absorbed", [old[i]], [], upstream=commit or "")
+                row.notes.append(
+                    f"absorbed upstream in {commit[:12]}" + (f" ({how})" if how else "")
+                    if commit else f"absorbed upstream ({how})" if how else "absorbed upstream"
+                )
+                rows.append(row)
+            else:
+                rows.append(Row("dropped", [old[i]], [], ["not in the new stack, not found upstream"]))
+        else:
+            rows.append(Row("new", [], [new[news[0]]], ["new patch"]))
+    singles.sort()
+    in_order = _lis([j for _, j in singles])
+    for k, (i, j) in enumerate(singles):
+        rows.append(_classify_pair(old[i], new[j], reordered=k not in in_order))
+    return rows
+
+
+def _classify_pair(o, n, reordered: bool) -> Row:
+    semantic_same = o.key == n.key
+    exact_same = semantic_same and o.patch_id == n.patch_id
+    message_same = _message_core(o.message) == _message_core(n.message)
+    counter_only = message_same and o.subject != n.subject
+    moved = o.number != n.number
+    notes = []
+    if not semantic_same:
+        status = "modified"
+        notes.append("the change itself differs")
+    elif not message_same:
+        status = "message-only"
+        notes.append("commit message edited" if o.subject == n.subject else "subject edited")
+    elif reordered:
+        status = "reordered"
+        notes.append(f"moved from #{o.number} to #{n.number}")
+    elif not exact_same:
+        status = "refreshed"
+        notes.append("context/offsets moved; same added/removed lines")
+    elif moved:
+        status = "renumbered"
+        notes.append(f"#{o.number} -> #{n.number}")
+    else:
+        status = "identical"
+        notes.append("same patch-id")
+    if status in ("identical", "renumbered", "reordered") and exact_same:
+        if _lines(o.diff, "@@") != _lines(n.diff, "@@"):
+            notes.append("hunk offsets moved")
+        elif _lines(o.diff, "index ") != _lines(n.diff, "index "):
+            notes.append("upstream changed the file elsewhere")
+    if status != "message-only" and not message_same:
+        notes.append("message edited too")
+    if counter_only:
+        notes.append(f"series counter {_counter(o.subject)} -> {_counter(n.subject)}")
+    if status not in ("reordered", "renumbered") and (reordered or moved):
+        notes.append(f"{'reordered' if reordered else 'renumbered'} #{o.number} -> #{n.number}")
+    if status == "reordered" and not exact_same:
+        notes.append("context/offsets moved")
+    row = Row(status, [o], [n], notes)
+    if status == "modified":
+        row.interdiff = interdiff(o, n)
+    return row
+
+
+def _counter(subject: str) -> str:
+    m = _COUNTER.match(subject)
+    return m.group(0).strip() if m else "none"
+
+
+def order_rows(rows: list) -> list:
+    """Stable order: by the first new commit; rows with only old commits right after the row
+    holding the closest earlier old commit."""
+    placed = [r for r in rows if r.new]
+    placed.sort(key=lambda r: min(c.number for c in r.new))
+    orphans = sorted((r for r in rows if not r.new), key=lambda r: r.old[0].number)
+    out = list(placed)
+    for r in orphans:
+        num = r.old[0].number
+        pos = 0
+        for k, other in enumerate(out):
+            if other.old and min(c.number for c in other.old) < num:
+                pos = k + 1
+        out.insert(pos, r)
+    return out

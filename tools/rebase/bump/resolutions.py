@@ -1,0 +1,143 @@
+"""Recorded conflict resolutions kept in the repo, next to the patches.
+
+git rerere remembers a resolution by the text of the conflict, in ``.git/rr-cache/<id>/``; that
+cache is local and expires. We keep a copy per patch in ``patches/resolutions/<Patch-Name>/<id>/``
+(``preimage*``/``postimage*`` files, byte for byte) and load it into the work repo's rr-cache before
+a bump, so the same conflict on any clone is resolved and staged without asking.
+"""
+
+import shutil
+from pathlib import Path
+
+from tools.rebase.git import names
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.gitcmd import git, git_proc
+
+RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
+
+
+def rr_cache(work: Path) -> Path:
+    return work / ".git" / "rr-cache"
+
+
+def _images(entry: Path) -> list:
+    return sorted(p for p in entry.iterdir() if p.is_file() and p.name.startswith(("preimage", "postimage")))
+
+
+def _check_entry(patch_name: str, rid: str, where: str) -> None:
+    """Both names become folders under patches/resolutions/ and .git/rr-cache/: refuse anything
+    that is not a plain Patch-Name and a 40-hex rerere id."""
+    names.patch_name(patch_name, where, field="resolution folder (Patch-Name)")
+    if not names.RERERE_ID.match(rid):
+        raise RebaseError(f"{where}: resolution id {rid!r} is not a 40-hex rerere id")
+
+
+def _refuse_links(path: Path) -> None:
+    if path.is_symlink():
+        raise RebaseError(f"{path}: recorded resolutions must not be symlinks")
+
+
+def import_resolutions(store: Path, work: Path) -> int:
+    """Copy every recorded resolution in ``store`` into the work repo's rr-cache; return the count."""
+    _refuse_links(store)
+    if not store.is_dir():
+        return 0
+    cache = rr_cache(work)
+    count = 0
+    for patch_dir in sorted(p for p in store.iterdir() if p.is_dir() or p.is_symlink()):
+        _refuse_links(patch_dir)
+        for entry in sorted(p for p in patch_dir.iterdir() if p.is_dir() or p.is_symlink()):
+            _refuse_links(entry)
+            _check_entry(patch_dir.name, entry.name, str(entry))
+            for image in entry.iterdir():
+                _refuse_links(image)
+            target = cache / entry.name
+            target.mkdir(parents=True, exist_ok=True)
+            for image in _images(entry):
+                if not (target / image.name).exists():
+                    shutil.copyfile(image, target / image.name)
+            count += 1
+    return count
+
+
+def reset_cache(work: Path) -> None:
+    """Empty the rr-cache (a bump keeps the old one in its backup), so a bump reuses only the
+    resolutions exported to patches/resolutions/, never one a fresh clone would not have."""
+    shutil.rmtree(rr_cache(work), ignore_errors=True)
+
+
+def _split_id(rid: str):
+    """MERGE_RR names a conflict ``<hash>`` or, when rerere keeps several resolutions for the same
+    hash, ``<hash>.<variant>`` (files ``preimage.<variant>``/``postimage.<variant>``)."""
+    name, _, variant = rid.partition(".")
+    return name, ("." + variant if variant and variant != "0" else "")
+
+
+def conflict_ids(work: Path) -> list:
+    """The rerere ids of the conflicts of the merge now in progress (from ``.git/MERGE_RR``)."""
+    merge_rr = work / ".git" / "MERGE_RR"
+    if not merge_rr.is_file():
+        return []
+    ids = []
+    for record in merge_rr.read_bytes().split(b"\0"):
+        if b"\t" in record:
+            ids.append(record.split(b"\t", 1)[0].decode())
+    return sorted(set(ids))
+
+
+def record(work: Path) -> None:
+    """Let rerere store the postimage of the resolved files (before committing)."""
+    git_proc(*RERERE_CONFIG, "rerere", cwd=work)
+
+
+def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> list:
+    """Copy the resolutions of the conflicts ``ids`` (any variant) into ``store/patch_name/<hash>/``
+    as ``preimage``/``postimage``; return the ids rerere holds no resolution for."""
+    _refuse_links(store)
+    missing = []
+    for rid in ids:
+        _check_entry(patch_name, rid, f"resolution of {patch_name!r}")
+        name, suffix = _split_id(rid)
+        entry = rr_cache(work) / name
+        pre, post = entry / f"preimage{suffix}", entry / f"postimage{suffix}"
+        if not (pre.is_file() and post.is_file()):
+            missing.append(rid)
+            continue
+        target = store / patch_name / name
+        target.mkdir(parents=True, exist_ok=True)
+        for stale in _images(target):
+            if stale.name not in ("preimage", "postimage"):
+                stale.unlink()
+        for source, dest in ((pre, target / "preimage"), (post, target / "postimage")):
+            data = source.read_bytes()
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.write_bytes(data)
+    return missing
+
+
+def prune(store: Path, keep_names) -> None:
+    """Drop the resolutions of patches that are no longer in the series."""
+    _refuse_links(store)  # a link would make this delete folders outside the checkout
+    if not store.is_dir():
+        return
+    patch_dirs = list(store.iterdir())
+    for patch_dir in patch_dirs:
+        _refuse_links(patch_dir)
+    for patch_dir in patch_dirs:
+        if patch_dir.is_dir() and patch_dir.name not in keep_names:
+            shutil.rmtree(patch_dir)
+    if not any(store.iterdir()):
+        store.rmdir()
+
+
+def forget_in_progress(work: Path) -> None:
+    git_proc(*RERERE_CONFIG, "rerere", "clear", cwd=work)
+
+
+def enable(work: Path) -> None:
+    """Turn rerere on in the work repo itself, so a commit the maintainer makes there records too."""
+    config = (work / ".git" / "config").read_text()
+    if "[rerere]\n\tenabled = true\n\tautoupdate = true\n" in config:
+        return
+    git("config", "rerere.enabled", "true", cwd=work)
+    git("config", "rerere.autoupdate", "true", cwd=work)

@@ -1,0 +1,92 @@
+"""Where things live in a checkout of the fork, found from any directory inside it."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+PIN_FILE = "upstream.toml"
+
+
+def find_root(start=None) -> Path:
+    """Walk up from ``start`` (default: cwd) to the checkout root holding the pin file."""
+    if start is not None and not Path(start).is_dir():
+        raise RebaseError(f"-C {start}: no such directory")
+    here = Path(start or os.getcwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / PIN_FILE).is_file() and (candidate / "patches").is_dir():
+            return candidate
+    # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere), but
+    # never when a directory was named: that would act on another checkout than the one asked for.
+    tool_root = Path(__file__).resolve().parents[3]
+    if start is None and (tool_root / PIN_FILE).is_file():
+        return tool_root
+    raise RebaseError(f"no {PIN_FILE} and patches/ found in {here} or any parent directory")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """All paths the tool reads or writes, relative to one checkout root."""
+
+    root: Path
+
+    @property
+    def pin(self) -> Path:
+        return self.root / PIN_FILE
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series(self) -> Path:
+        return self.patches / "series"
+
+    @property
+    def resolutions(self) -> Path:
+        return self.root / "patches" / "resolutions"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".rebase"
+
+    @property
+    def cache(self) -> Path:
+        return Path(os.environ.get("FORK_REBASE_CACHE", self.state_dir / "cache"))
+
+    @property
+    def work(self) -> Path:
+        return self.state_dir / "work"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def package(self) -> Path:
+        return self.root / "megatron"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "REBASE_REPORT.md"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "REBASE_REPORT.json"
+
+    def refuse_links(self) -> None:
+        """A pull request can commit any of the tool's own paths as a symlink (``.gitignore`` does not
+        stop a committed file): writing through one would land outside the checkout, reading through
+        one would pull an outside file in. Refuse before anything is read or written."""
+        owned = (self.pin, self.patches, self.state_dir, self.package, self.report_md, self.report_json)
+        linked = [p.name for p in owned if p.is_symlink()]
+        if linked:
+            raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
+                              f"and writes them in place); replace them with real files or folders")
+
+
+def layout(start=None) -> Layout:
+    found = Layout(find_root(start))
+    found.refuse_links()
+    return found

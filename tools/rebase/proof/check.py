@@ -1,0 +1,115 @@
+"""``check``: everything CI must know about the stack, collected into one list of problems."""
+
+
+from tools.rebase.errors import RebaseError
+from tools.rebase.stack.pin import load_pin
+from tools.rebase.stack.series import (
+    FILE_NAME, REQUIRED_TRAILERS, UPSTREAM_STATUS_WORDS, parse_patch, read_series,
+)
+from tools.rebase.stack.source import import_base
+from tools.rebase.stack.stack import build, export_range
+from tools.rebase.proof.testids import missing_test
+
+
+def lint_series(layout):
+    """Structural problems of series + patch files; returns (problems, parsed patches)."""
+    problems, parsed = [], []
+    series = read_series(layout.series)
+    listed = {}
+    for position, entry in enumerate(series.entries, start=1):
+        where = f"patches/series:{entry.line}"
+        if entry.name in listed:
+            problems.append(f"{where}: {entry.name} is listed twice (first on line {listed[entry.name]})")
+            continue
+        listed[entry.name] = entry.line
+        path = layout.patches / entry.name
+        m = FILE_NAME.match(entry.name)
+        if not m:
+            problems.append(f"{where}: {entry.name} is not named NNNN-slug.patch")
+        elif int(m["number"]) != position:
+            problems.append(
+                f"{where}: {entry.name} is entry {position} but numbered {m['number']} "
+                f"(reordered series? run export to renumber)"
+            )
+        if not path.is_file():
+            problems.append(f"{where}: {entry.name} does not exist")
+            continue
+        try:
+            patch = parse_patch(path)
+        except RebaseError as exc:
+            problems.append(str(exc))
+            continue
+        parsed.append(patch)
+        for key in REQUIRED_TRAILERS:
+            if not patch.trailers.get(key):
+                problems.append(f"patches/{entry.name}: missing '{key}:' trailer")
+        if m and patch.name and patch.name != m["slug"]:
+            problems.append(f"patches/{entry.name}: Patch-Name {patch.name!r} does not match the file name")
+        status = patch.upstream_status.split(" ", 1)[0]
+        if patch.upstream_status and status not in UPSTREAM_STATUS_WORDS:
+            problems.append(
+                f"patches/{entry.name}: Upstream-Status {status!r} is not one of {', '.join(UPSTREAM_STATUS_WORDS)}"
+            )
+        for node_id in patch.tests:
+            why = missing_test(layout.root, node_id)
+            if why:
+                problems.append(f"patches/{entry.name}: Tests: {node_id}: {why}")
+    for path in sorted(layout.patches.glob("*.patch")):
+        if path.name not in listed:
+            problems.append(f"patches/{path.name}: not listed in patches/series")
+    return problems, parsed, series
+
+
+def warn_unexported(layout, log) -> None:
+    from tools.rebase.stack.workrepo import unexported_commits
+
+    pending = unexported_commits(layout)
+    if pending:
+        shown = "\n  ".join(f"{sha[:12]} {subject}" for sha, subject in pending[:10])
+        log(f"warning: {layout.work} has {len(pending)} commit(s) never exported to patches/ "
+            f"(check verifies patches/ only):\n  {shown}\nRun `python -m tools.rebase export` to keep them.")
+
+
+def check(layout, log=print) -> list:
+    """Return the list of problems (empty means the stack is healthy)."""
+    problems = []
+    try:
+        pin = load_pin(layout.pin)
+    except RebaseError as exc:
+        return [str(exc)]
+    try:
+        base = import_base(layout.work, layout.cache, pin)
+    except RebaseError as exc:
+        return [f"upstream pin: {exc}"]
+    log(f"pin ok: {pin.display}")
+    warn_unexported(layout, log)
+    lint_problems, parsed, series = lint_series(layout)
+    problems += lint_problems
+    if lint_problems:
+        return problems
+    log(f"series ok: {len(parsed)} patches")
+    try:
+        commits = build(layout.work, base, [p.path for p in parsed], three_way=False)
+    except RebaseError as exc:
+        return problems + [f"apply: {exc}"]
+    log("applies to the base with no fuzz")
+    tip = commits[-1] if commits else base
+    fresh = dict(export_range(layout.work, base, tip))
+    for patch in parsed:
+        if fresh.get(patch.path.name) != patch.path.read_bytes():
+            problems.append(
+                f"patches/{patch.path.name}: differs from a fresh export (edited by hand, or "
+                f"exported with other flags); run apply then export to regenerate it"
+            )
+    if not problems:
+        log("fresh export is byte-identical")
+    from tools.rebase.proof.listing import readme_is_stale
+    from tools.rebase.proof.prove import read_record
+
+    _, stale_proof = read_record(layout)
+    if stale_proof:
+        problems.append(stale_proof)
+
+    if readme_is_stale(layout):
+        problems.append("README.md: the patch table is stale; run python -m tools.rebase list --update-readme")
+    return problems

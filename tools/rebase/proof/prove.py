@@ -1,0 +1,352 @@
+"""``prove``: every patch is needed -- its ``Tests:`` fail on the stack built without it.
+
+For each patch the stack is rebuilt without it in a scratch repository that borrows the work
+repo's objects read-only (git alternates), so nothing is re-imported. Later patches that no
+longer apply without it are dropped too and named. The patch's tests then run in one pytest
+process against that tree's ``megatron/``, copied next to the checkout's ``tests/``. The checkout
+(work repo, ``megatron/``, ``patches/``, tool state) is never written, except ``patches/proof.json``
+and the README's Proof column with ``--record``; scratch directories are removed at the end (also
+on SIGTERM: the CLI turns it into an exit).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.gitcmd import git, init_borrowing, rev_parse
+from tools.rebase.stack.materialize import materialize, upstream_version
+from tools.rebase.stack.pin import load_pin
+from tools.rebase.stack.series import load_stack
+from tools.rebase.stack.source import base_tag, import_base
+from tools.rebase.stack.stack import am_one
+from tools.rebase.stack.state import current_digest
+from tools.rebase.proof.testids import invalid_test_id, missing_test
+from tools.rebase.proof.testrun import is_under
+
+PROOF_FILE = "proof.json"
+PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
+# What the run directory needs from the checkout besides the scratch megatron/.
+_RUN_COPIES = ("tests", "tools", "pytest.ini", "upstream.toml")
+_PLUGIN = "_fork_prove_report"  # tools/rebase/proof/prove_report.py, copied into the run directory
+
+
+@dataclass
+class Proof:
+    name: str
+    tests: int = 0  # node ids named in Tests:
+    failed: int = 0  # node ids that failed or errored on the stack without the patch
+    skipped: int = 0  # node ids skipped there (GPU-only on a CPU machine)
+    missing: list = field(default_factory=list)  # node ids pytest did not find
+    passing: list = field(default_factory=list)  # node ids that pass without the patch (prove nothing)
+    dropped: list = field(default_factory=list)  # later patches that need this one
+    verdict: str = UNPROVEN
+
+    @property
+    def note(self) -> str:
+        notes = []
+        if self.dropped:
+            notes.append("also dropped (need it): " + ", ".join(self.dropped))
+        if self.missing:
+            notes.append("not found: " + ", ".join(self.missing))
+        if self.verdict == GPU_ONLY:
+            notes.append("every test skipped here: prove it on the GPU run")
+        return "; ".join(notes)
+
+
+def verdict_for(outcomes: dict) -> tuple:
+    """(verdict, failed, skipped, missing) from ``{node id: outcome}`` of the run without the patch."""
+    failed = sum(1 for o in outcomes.values() if o == "failed")
+    skipped = sum(1 for o in outcomes.values() if o == "skipped")
+    missing = [n for n, o in outcomes.items() if o == "not found"]
+    if failed:
+        verdict = PROVEN
+    elif missing:
+        verdict = UNPROVEN
+    elif outcomes and skipped == len(outcomes):
+        verdict = GPU_ONLY
+    else:
+        verdict = UNPROVEN
+    return verdict, failed, skipped, missing
+
+
+def outcomes_for(node_ids: list, report: dict) -> dict:
+    """Map each ``Tests:`` id (a directory, file, class or test) to failed / skipped / passed /
+    not found from a plugin report."""
+    out = {}
+    for node in node_ids:
+        # The node's file, or a file under a directory node, does not even import without the patch.
+        if any(is_under(node, err) or ("::" not in err and is_under(err, node))
+               for err in report.get("collect_errors", [])):
+            out[node] = "failed"
+            continue
+        mine = [o for test, o in report.get("outcomes", {}).items() if is_under(test, node)]
+        if not mine:
+            out[node] = "not found"
+        elif "failed" in mine:
+            out[node] = "failed"
+        elif all(o == "skipped" for o in mine):
+            out[node] = "skipped"
+        else:
+            out[node] = "passed"
+    return out
+
+
+def _pytest_once(run: Path, node_ids: list) -> dict:
+    report_file = run / ".prove-report.json"
+    report_file.unlink(missing_ok=True)
+    env = dict(os.environ, FORK_PROVE_REPORT=str(report_file), PYTHONPATH=str(run),
+               PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
+         "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
+        cwd=run, env=env, capture_output=True, text=True,
+    )
+    if not report_file.is_file():
+        raise RebaseError(f"pytest wrote no report (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
+    return json.loads(report_file.read_text())
+
+
+def run_tests(run: Path, node_ids: list) -> dict:
+    """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack).
+
+    A node id inside a file that fails to import makes pytest stop before running anything, so
+    the ids of the files that did import are run again on their own (one more process).
+    """
+    # pytest loads a "-p NAME" plugin even after "--", so an id that is an option must never get here.
+    unsafe = [n for n in node_ids if invalid_test_id(n)]
+    if unsafe:
+        raise RebaseError(f"prove: refusing Tests: id {unsafe[0]!r}: {invalid_test_id(unsafe[0])}")
+    report = {"outcomes": {}, "collect_errors": []}
+    remaining = list(node_ids)
+    while remaining:
+        once = _pytest_once(run, remaining)
+        report["outcomes"].update(once["outcomes"])
+        report["collect_errors"] += once["collect_errors"]
+        left = [n for n in remaining
+                if outcomes_for([n], report)[n] == "not found"]
+        if not once["collect_errors"] or len(left) == len(remaining):
+            break
+        remaining = left
+    return outcomes_for(node_ids, report)
+
+
+def _scratch_repo(layout, pin, tmp: Path) -> tuple:
+    """A repo in ``tmp`` holding the pinned base; it reads the work repo's objects, never writes them."""
+    repo = tmp / "tree"
+    repo.mkdir()
+    tag = base_tag(pin)
+    base = None
+    if init_borrowing(repo, layout.work):
+        base = rev_parse(layout.work, f"refs/tags/{tag}")
+    if base:
+        git("tag", tag, base, cwd=repo)
+    else:  # no work repo yet: import (and verify) the base into the scratch repo only
+        base = import_base(repo, layout.cache, pin)
+    git("checkout", "-q", "-f", "--detach", base, cwd=repo)
+    return repo, base
+
+
+def _prepare_run_dir(layout, run: Path) -> None:
+    run.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in _RUN_COPIES:  # links are copied as links: an outside file is never copied in
+        src = layout.root / name
+        if src.is_symlink():
+            raise RebaseError(f"prove: {src} must not be a symlink; nothing was run")
+        if src.is_dir():
+            shutil.copytree(src, run / name, symlinks=True, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, run / name)
+    shutil.copy2(Path(__file__).with_name("prove_report.py"), run / f"{_PLUGIN}.py")
+    if layout.cache.is_dir():  # tests that need the pinned sdist (the upstream oracle) find it here
+        (run / ".rebase").mkdir()
+        (run / ".rebase" / "cache").symlink_to(layout.cache.resolve(), target_is_directory=True)
+
+
+def _build_without(repo: Path, start: str, later: list, skip=frozenset()) -> tuple:
+    """Check out ``start`` and apply ``later`` on it (but those named in ``skip``); return
+    (kept names, dropped names)."""
+    git("checkout", "-q", "-f", "--detach", start, cwd=repo)
+    git("clean", "-q", "-fdx", cwd=repo)
+    kept, dropped = [], []
+    for patch in later:
+        if patch.name in skip:
+            dropped.append(patch.name)
+            continue
+        try:
+            am_one(repo, patch.path.resolve(), three_way=True)
+            kept.append(patch.name)
+        except RebaseError:
+            dropped.append(patch.name)
+    return kept, dropped
+
+
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/", re.M)
+_FRAME = re.compile(r'^\s*(?:File "[^"]*?/)?(megatron/[^":]+\.py)"?(?:, line |:)\d+', re.M)
+
+
+def _touched_files(patch) -> set:
+    return set(_DIFF_HEADER.findall(patch.path.read_text(errors="replace")))
+
+
+def _import_failure(run: Path):
+    """The megatron file where ``import megatron.core`` fails in ``run`` (None when it imports).
+
+    A later patch can apply cleanly without the one being proven and still import a module only
+    that one adds; then nothing can be tested until that later patch is dropped too."""
+    env = dict(os.environ, PYTHONPATH=str(run), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    frames = _FRAME.findall(proc.stderr)
+    return frames[-1] if frames else "megatron (python -c 'import megatron.core' fails)"
+
+
+def _build_importable(repo: Path, run: Path, start: str, later: list, version: str) -> list:
+    """Build without the proven patch, then drop the later patches that keep the tree from
+    importing (the ones touching the file where the import fails), until it imports; return the
+    dropped names."""
+    skip = set()
+    while True:
+        kept, dropped = _build_without(repo, start, later, frozenset(skip))
+        materialize(repo, run / "megatron", version, force=True)
+        broken = _import_failure(run)
+        if broken is None:
+            return dropped
+        culprits = {p.name for p in later if p.name in kept and broken in _touched_files(p)}
+        if not culprits:
+            return dropped + [f"(megatron does not import: {broken})"]
+        skip |= culprits
+
+
+def select(patches: list, wanted) -> list:
+    """Indices of the patches named in ``wanted`` (Patch-Name, file name or number); all if empty."""
+    if not wanted:
+        return list(range(len(patches)))
+    out = []
+    for want in wanted:
+        hits = [i for i, p in enumerate(patches)
+                if want in (p.name, p.path.name, p.path.name[:4]) or want.lstrip("0") == str(i + 1)]
+        if not hits:
+            raise RebaseError(f"prove: no patch in the series is named {want!r}")
+        out.extend(h for h in hits if h not in out)
+    return sorted(out)
+
+
+def prove(layout, wanted=None, log=print, runner=None) -> list:
+    """Prove the selected patches; return one :class:`Proof` per patch, in series order."""
+    runner = runner or run_tests
+    pin = load_pin(layout.pin)
+    _, patches = load_stack(layout)
+    chosen = select(patches, wanted)
+    tmp = Path(tempfile.mkdtemp(prefix="fork-prove-"))
+    proofs = []
+    try:
+        repo, base = _scratch_repo(layout, pin, tmp)
+        commits = [am_one(repo, p.path.resolve(), three_way=True) for p in patches]
+        run = tmp / "run"
+        _prepare_run_dir(layout, run)
+        for index in chosen:
+            patch = patches[index]
+            proof = Proof(patch.name, tests=len(patch.tests))
+            start = commits[index - 1] if index else base
+            version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.without.{index + 1:04d}"
+            proof.dropped = _build_importable(repo, run, start, patches[index + 1:], version)
+            # A node id that names no test would abort the whole pytest run: report it instead.
+            present = [t for t in patch.tests if missing_test(run, t) is None]
+            outcomes = {t: "not found" for t in patch.tests if t not in present}
+            if present:
+                outcomes.update(runner(run, present))
+            proof.verdict, proof.failed, proof.skipped, proof.missing = verdict_for(outcomes)
+            proof.passing = [t for t in patch.tests if outcomes.get(t) == "passed"]
+            log(f"prove: {index + 1:04d} {patch.name}: {proof.verdict} "
+                f"({proof.failed}/{proof.tests} failed without it)" + (f"; {proof.note}" if proof.note else ""))
+            proofs.append(proof)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return proofs
+
+
+def table(proofs: list) -> str:
+    rows = ["| patch | tests run | failed without it | verdict | note |", "|---|---|---|---|---|"]
+    for p in proofs:
+        rows.append(f"| {p.name} | {p.tests} | {p.failed} | {p.verdict} | {p.note} |")
+    return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------- the committed record
+
+def proof_path(layout) -> Path:
+    return layout.patches / PROOF_FILE
+
+
+def stack_digest_now(layout) -> str:
+    _, patches = load_stack(layout)
+    return current_digest(layout, patches)
+
+
+def write_record(layout, proofs: list, proved_digest: str) -> Path:
+    """Write ``patches/proof.json`` for the whole current stack (atomic).
+
+    ``proved_digest`` is the stack the proofs were made on (read before ``prove`` ran): an edit,
+    apply or export during the run would otherwise get a record it was never proven for.
+    """
+    _, patches = load_stack(layout)
+    if [p.name for p in proofs] != [p.name for p in patches]:
+        raise RebaseError("--record needs a proof of every patch in the series (run prove without names)")
+    if current_digest(layout, patches) != proved_digest:
+        raise RebaseError(f"{layout.patches} or the pin changed while prove ran; nothing was recorded. "
+                          f"Run prove --record again.")
+    data = {
+        "stack_digest": proved_digest,
+        "patches": [asdict(p) for p in proofs],
+    }
+    path = proof_path(layout)
+    tmp = path.with_name(PROOF_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _bad_entry(entry: dict):
+    """Why a record entry cannot be shown (its fields reach the README table), else None."""
+    if entry.get("verdict") not in (PROVEN, UNPROVEN, GPU_ONLY):
+        return f"verdict {entry.get('verdict')!r} is not one of {PROVEN}, {UNPROVEN}, {GPU_ONLY}"
+    for key in ("tests", "failed"):
+        value = entry.get(key)
+        if type(value) is not int or value < 0:
+            return f"{key} {value!r} is not a count"
+    return None
+
+
+def read_record(layout):
+    """``(verdicts by patch name, problem)``: verdicts only when the record matches this stack."""
+    path = proof_path(layout)
+    if not path.is_file():
+        return {}, None
+    where = f"patches/{PROOF_FILE}"
+    try:
+        data = json.loads(path.read_text())
+        digest = data["stack_digest"]
+        verdicts = {entry["name"]: entry for entry in data["patches"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        return {}, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
+    for entry in data["patches"]:
+        bad = _bad_entry(entry)
+        if bad:
+            return {}, f"{where}: entry {entry.get('name')!r}: {bad}; run prove --record"
+    _, patches = load_stack(layout)
+    if digest != current_digest(layout, patches):
+        return {}, (f"{where}: recorded for another stack (digest {str(digest)[:12]}); "
+                    f"run python -m tools.rebase prove --record")
+    if set(verdicts) != {p.name for p in patches}:
+        return {}, f"{where}: does not cover exactly the patches of the series; run prove --record"
+    return verdicts, None

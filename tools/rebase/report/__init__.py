@@ -1,0 +1,1 @@
+"""The review report: built from the analysis, rendered as Markdown and JSON."""

@@ -1,0 +1,124 @@
+"""The upstream pin (``upstream.toml``): which base the series applies to, and how to verify it."""
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.rebase.git import names
+from tools.rebase.errors import RebaseError
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_PYPI_SPEC = re.compile(r"^pypi:(?P<package>[A-Za-z0-9._-]+)==(?P<version>[A-Za-z0-9.+!_-]+)$")
+
+
+@dataclass(frozen=True)
+class Pin:
+    kind: str  # "pypi" or "git"
+    package: str = ""
+    version: str = ""
+    sha256: str = ""
+    url: str = ""
+    commit: str = ""
+    ref: str = ""
+
+    @property
+    def label(self) -> str:
+        """Stable name for tags and reports, unique per content."""
+        if self.kind == "pypi":
+            return f"pypi/{self.package}-{self.version}-{self.sha256[:12]}"
+        return f"git/{self.commit}"
+
+    @property
+    def display(self) -> str:
+        if self.kind == "pypi":
+            return f"{self.package}=={self.version} (sdist sha256 {self.sha256})"
+        ref = f" ({self.ref})" if self.ref else ""
+        return f"{self.url}@{self.commit}{ref}"
+
+    def to_toml(self) -> str:
+        lines = [
+            "# The upstream base the patch series applies to.",
+            '# kind = "pypi": a source distribution, verified by sha256 before anything is applied.',
+            '# kind = "git":  a repository (URL or local path) and a full 40-hex commit id.',
+            "[upstream]",
+            f'kind = "{self.kind}"',
+        ]
+        if self.kind == "pypi":
+            lines += [
+                f'package = "{self.package}"',
+                f'version = "{self.version}"',
+                f'sha256 = "{self.sha256}"',
+            ]
+        else:
+            lines += [f'url = "{_escape(self.url)}"', f'commit = "{self.commit}"']
+            if self.ref:
+                lines.append(f'ref = "{_escape(self.ref)}"')
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def load_pin(path: Path) -> Pin:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RebaseError(f"{path}: upstream pin file is missing") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RebaseError(f"{path}: not valid TOML: {exc}") from None
+    table = data.get("upstream")
+    if not isinstance(table, dict):
+        raise RebaseError(f"{path}: needs an [upstream] table")
+    return pin_from_table(table, where=str(path))
+
+
+def pin_from_table(table: dict, where: str) -> Pin:
+    """Validate every field: they reach file names, tags and git/pip command lines."""
+    kind = table.get("kind")
+    if kind == "pypi":
+        missing = [k for k in ("package", "version", "sha256") if not table.get(k)]
+        if missing:
+            raise RebaseError(f"{where}: pypi pin lacks {', '.join(missing)}")
+        sha256 = table["sha256"]
+        if not isinstance(sha256, str) or not _SHA256.match(sha256):
+            raise RebaseError(f"{where}: sha256 must be a string of 64 lowercase hex digits, got {sha256!r}")
+        return Pin("pypi", package=names.package_name(table["package"], where),
+                   version=names.version(table["version"], where), sha256=sha256)
+    if kind == "git":
+        missing = [k for k in ("url", "commit") if not table.get(k)]
+        if missing:
+            raise RebaseError(f"{where}: git pin lacks {', '.join(missing)}")
+        commit = table["commit"]
+        if not isinstance(commit, str) or not _COMMIT.match(commit):
+            raise RebaseError(
+                f"{where}: commit must be a full 40-hex commit id, got {commit!r}"
+            )
+        ref = table.get("ref", "")
+        return Pin("git", url=names.pinned_git_url(table["url"], where), commit=commit,
+                   ref=names.git_ref(ref, where) if ref != "" else "")
+    raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
+
+
+def parse_spec(spec: str):
+    """Parse a ``--onto`` spec: ``pypi:NAME==VERSION`` or ``git:URL-or-path@ref``.
+
+    Returns ``("pypi", package, version)`` or ``("git", url, ref)``; checksums and commit ids are
+    resolved later, when the source is fetched.
+    """
+    where = f"--onto {spec!r}"
+    m = _PYPI_SPEC.match(spec)
+    if m:
+        return ("pypi", names.package_name(m["package"], where), names.version(m["version"], where))
+    if spec.startswith("git:"):
+        body = spec[len("git:"):]
+        url, sep, ref = body.rpartition("@")
+        if not sep or not url or not ref:
+            raise RebaseError(f"bad spec {spec!r}: expected git:URL-or-path@ref")
+        url = names.git_url(url, where)
+        if names.is_local_path(url):  # typed on the command line: relative to where it was typed
+            url = str(Path(url).expanduser().resolve())
+        return ("git", url, names.git_ref(ref, where))
+    raise RebaseError(f"bad spec {spec!r}: expected pypi:NAME==VERSION or git:URL-or-path@ref")
