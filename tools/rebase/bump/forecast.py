@@ -89,7 +89,7 @@ def _stop_entry(j) -> dict:
 def _would_refuse(layout) -> list:
     """Why a real ``bump --onto`` would refuse to start in this checkout now (checked, not changed)."""
     from tools.rebase.bump import journal as jr
-    from tools.rebase.bump.bump import _refuse_unsaved_work
+    from tools.rebase.bump.prepare import _refuse_unsaved_work
 
     out = []
     if jr.in_progress(layout):
@@ -140,7 +140,7 @@ def forecast(layout, spec: str) -> dict:
             "patches": [],
         }
         from tools.rebase.analysis.basecompare import downgrade_warnings
-        from tools.rebase.bump.bump import _pin_from_toml
+        from tools.rebase.bump.prepare import _pin_from_toml
 
         data["warnings"] = refusals + downgrade_warnings(scratch.work, j.old_base, j.new_base,
                                                          _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin))

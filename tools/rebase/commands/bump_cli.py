@@ -162,7 +162,7 @@ def _cmd_report(args, lay):
 
 
 def report_last_bump(lay, run_tests=False):
-    from tools.rebase.bump.bump import report_from_record
+    from tools.rebase.bump.finish import report_from_record
     from tools.rebase.bump.journal import last_bump_dir
 
     path = last_bump_dir(lay) / "record.json"

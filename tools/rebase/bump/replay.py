@@ -1,0 +1,149 @@
+"""Phase 2, the replay: one ``git rebase`` per stretch between stops, the commits it made adopted
+as replayed patches (the ones it skipped are absorbed), recovery after a kill, and the outcome
+records every phase writes into the journal."""
+
+from tools.rebase.bump import journal as jr
+from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump.commits import _describe, _head, _patch_name, _read, _reset_to
+from tools.rebase.bump.finish import _prefetch_finish
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.gitcmd import git, git_proc, rev_parse
+
+
+class ReplayPhase:
+    """Mixin of ``Bump`` (uses ``work``, ``log``, ``hook``, ``j``, ``_save``; the lint gate's
+    ``_lint_replayed``/``_lint_recorded``/``_stop_lint`` and ``_name_absorber``)."""
+
+    def _replay_stretch(self):
+        """Replay the patches left with one ``git rebase``; record what it replayed. Return the
+        index of the patch it stopped at (None: it replayed to the end) and its output."""
+        j = self.j
+        work = self.work
+        # Replay everything left with one `git rebase` (3-way merges, rerere on, committer
+        # date = author date so ids are reproducible); it stops at the first conflict.
+        first = j.next
+        upstream = j.commits[first - 1] if first else j.old_base
+        proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j.tip, "--reapply-cherry-picks",
+                        "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",
+                        "--no-update-refs", upstream, j.old_tip, cwd=work)
+        self.hook("after-rebase", index=first)
+        idx = None
+        if (work / ".git" / "rebase-merge").is_dir():
+            stopped = _read(work / ".git" / "REBASE_HEAD")
+            idx = next((k for k in range(first, len(j.commits))
+                        if stopped and j.commits[k].startswith(stopped)), None)
+            git_proc("rebase", "--quit", cwd=work)
+            if idx is None:
+                _reset_to(work, _head(work))
+                raise RebaseError(f"git rebase stopped without naming the patch:\n"
+                                  f"{(proc.stdout + proc.stderr).strip()}")
+        elif proc.returncode != 0:
+            _reset_to(work, j.tip)
+            raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
+        head, end = _head(work), idx if idx is not None else len(j.commits)
+        if idx is None:  # replayed to the end: the export and report read head while lint runs
+            _prefetch_finish(work, j, head)
+        broken = self._lint_replayed(head, end)
+        if broken:  # a clean merge that broke a Python file stops like a conflict
+            k, bad, parent, findings = broken
+            self._adopt(parent, end=k)
+            self._stop_lint(k, bad, parent, findings)
+        self._adopt(head, end=end)
+        return idx, proc.stdout + proc.stderr
+
+    def _recover_replay(self):
+        """After a kill during replay: adopt the patches git already committed, drop a half-done one."""
+        work, j = self.work, self.j
+        if (work / ".git" / "rebase-merge").is_dir():
+            git_proc("rebase", "--quit", cwd=work)
+        head = git("rev-parse", "HEAD", cwd=work).strip()
+        if j.picking is not None:  # killed while committing a patch rerere had resolved
+            idx = j.picking.index
+            if head != j.tip and rev_parse(work, f"{head}^") == j.tip and _patch_name(work, head) == j.names[idx]:
+                self._lint_recorded(idx, head)  # killed before its lint ran: a broken result still stops
+                self._record_recorded(idx, head)
+                _reset_to(work, head)
+                return
+            j.picking = None  # not committed: it is replayed (and resolved) again
+            self._save()
+        if head != j.tip and not (j.next == 0 and head in (j.old_tip, j.old_head)):
+            if git_proc("merge-base", "--is-ancestor", j.tip, head, cwd=work).returncode != 0:
+                raise RebaseError(f"{work} HEAD ({head[:12]}) does not descend from the bump's tip "
+                                  f"({j.tip[:12]}); run bump --abort")
+            self._adopt(head, end=None)
+        _reset_to(work, j.tip)
+
+    def _adopt(self, head, end):
+        """Record the commits ``tip..head`` (made by one ``git rebase``) as replayed patches.
+
+        Patches the rebase skipped between them became empty: absorbed. ``end`` is the index the
+        rebase stopped at (or ``len(commits)`` when it finished), so the skipped patches before it
+        are absorbed too; ``None`` when it was interrupted (what follows is not decided yet)."""
+        j = self.j
+        pos = j.next
+        skipped = []
+        for sha, name, k in self._match_replayed(head, end if end is not None else len(j.commits)):
+            if k is None:
+                raise RebaseError(f"{self.work}: commit {sha[:12]} ({name}) is not one of the patches "
+                                  f"being replayed; run bump --abort")
+            skipped += range(pos, k)
+            self._note(k, "clean", sha)
+            pos = k + 1
+        if end is not None:
+            skipped += range(pos, end)
+            pos = end
+        for k in skipped:
+            self._note(k, "absorbed", upstream="", how="empty after replay")
+        j.outcomes.sort(key=lambda o: o.index)
+        j.next = pos
+        self._save()
+        for k in skipped:  # naming the absorbing commit needs the outcome list to be saved first
+            up, how = self._name_absorber(k, "empty after replay")
+            for o in j.outcomes:
+                if o.index == k:
+                    o.upstream, o.how = up, how
+            self.log(f"  {j.names[k]}: absorbed upstream ({how})")
+        if skipped:
+            self._save()
+
+    def _match_replayed(self, head, limit):
+        """``[(commit, Patch-Name, patch index)]`` of tip..head: each commit matched by name to the
+        next patch from ``j.next`` below ``limit`` (the ones between were skipped); a commit that
+        matches none gets index None and ends the list."""
+        j = self.j
+        out, k = [], j.next
+        for sha, name, _ in (_describe(self.work, j.tip, head) if head != j.tip else []):
+            while k < limit and j.names[k] != name:
+                k += 1
+            out.append((sha, name, k if k < limit else None))
+            if k == limit:
+                break
+            k += 1
+        return out
+
+    def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+        j = self.j
+        j.outcomes.append(jr.Outcome(index=idx, name=j.names[idx], old=j.commits[idx], new=new_commit,
+                                     outcome=outcome, upstream=upstream, how=how, note=note))
+        if new_commit:
+            j.tip = new_commit
+
+    def _record(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
+        j = self.j
+        self._note(idx, outcome, new_commit, upstream, how, note)
+        j.next = idx + 1
+        j.stopped = j.picking = None
+        j.phase = "replaying"
+        self._save()
+
+    def _record_recorded(self, idx: int, new: str) -> None:
+        self._export_resolutions(self.j.names[idx], self.j.picking.rerere_ids)
+        self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+
+    def _export_resolutions(self, name: str, ids: list) -> None:
+        """Store the resolutions rerere holds for ``ids`` under patches/resolutions/<name>/; say so
+        when one could not be recorded (it will have to be resolved again on the next bump)."""
+        missing = rr.export_resolutions(self.work, self.layout.resolutions, name, ids)
+        if missing:
+            self.log(f"  warning: {name}: rerere recorded no resolution for conflict(s) {', '.join(missing)}; "
+                     f"the next bump will stop there again")

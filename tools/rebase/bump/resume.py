@@ -1,0 +1,70 @@
+"""``bump --continue`` at a stop: take the maintainer's resolution (staged or committed), or drop
+the patch on purpose (``--drop``) and say which later patches and tests it leaves behind."""
+
+from tools.rebase.analysis import dependents
+from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump.commits import _commit_pick, _marker_files, _patch_name, _recommit, _reset_to, \
+    _staged_changes, _tests_of, _unmerged
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.gitcmd import git, is_clean, rev_parse
+
+
+class ContinuePhase:
+    """Mixin of ``Bump`` (uses ``work``, ``log``, ``hook``, ``j``, ``_record``,
+    ``_export_resolutions``, ``_lint_gate`` and ``_name_absorber``)."""
+
+    def _continue_stopped(self, drop: bool):
+        j, work = self.j, self.work
+        s = j.stopped
+        idx = s.index
+        name = j.names[idx]
+        if drop:
+            _reset_to(work, j.tip)
+            note = self._drop_note(idx)
+            self._record(idx, "dropped", note=note)
+            self.log(f"  {name}: dropped ({note})")
+            return
+        head = git("rev-parse", "HEAD", cwd=work).strip()
+        if head != j.tip:
+            if rev_parse(work, f"{head}^") == j.tip and is_clean(work):
+                # The maintainer committed the resolution: keep its tree (and its message when it
+                # still names the patch), with the original author and a reproducible commit id.
+                keep = _patch_name(work, head) == name
+                self._lint_gate(idx, j.tip, head, undo=False)
+                new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
+                self._export_resolutions(name, s.rerere_ids)
+                self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
+                return
+            raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j.tip[:12]} with the "
+                              f"resolution of {name} staged (do not commit it yourself)")
+        unmerged = _unmerged(work)
+        if unmerged:
+            raise RebaseError(f"{name}: still unmerged in {work}: {', '.join(unmerged)} "
+                              f"(resolve, then `git -C {work} add` them)")
+        markers = _marker_files(work)
+        if markers:
+            raise RebaseError(f"{name}: conflict markers left in {', '.join(markers)}")
+        unstaged = git("diff", "--name-only", cwd=work).split()
+        if unstaged:
+            raise RebaseError(f"{name}: unstaged edits in {', '.join(unstaged)}; `git -C {work} add` them")
+        rr.record(work)
+        self.hook("after-record", index=idx)
+        if _staged_changes(work):
+            new = _commit_pick(work, j.commits[idx], j.dates[idx])
+            self.hook("after-pick", index=idx)
+            self._lint_gate(idx, j.tip, new, undo=True)
+            self._export_resolutions(name, s.rerere_ids)
+            self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
+        else:
+            _reset_to(work, j.tip)
+            up, how = self._name_absorber(idx, "empty after conflict resolution")
+            self._record(idx, "absorbed", upstream=up, how=how)
+
+    def _drop_note(self, idx):
+        """Which later patches rest on the dropped one's lines, and which tests it orphans."""
+        j = self.j
+        gone = {o.index for o in j.outcomes if o.outcome in ("dropped", "absorbed")}
+        deps = dependents.context_dependents(self.work, j.old_base, j.commits, idx)
+        tests = {n: _tests_of(self.work, c) for k, (c, n) in enumerate(zip(j.commits, j.names))
+                 if k not in gone}
+        return dependents.drop_note(j.names, deps, dependents.orphaned_tests(tests, j.names[idx]))
