@@ -94,18 +94,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     ``trusted``: the ranges come from the tool itself (skip checking that bases precede tips).
     """
     repo = Path(repo)
-    revs = (old_base, old_tip, new_base, new_tip)
-    for rev in revs:
-        if rev.startswith("-"):
-            raise RebaseError(f"{repo}: revision {rev!r} starts with '-' (it would be read as a git option)")
-    proc = git_proc("rev-parse", *(f"{r}^{{commit}}" for r in revs), cwd=repo)
-    resolved = proc.stdout.split()
-    if proc.returncode != 0 or len(resolved) != 4:
-        for rev in revs:
-            if not rev_parse(repo, rev):
-                raise RebaseError(f"{repo}: {rev!r} does not name a commit")
-        raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
-    old_base, old_tip, new_base, new_tip = resolved
+    old_base, old_tip, new_base, new_tip = _resolve_commits(repo, (old_base, old_tip, new_base, new_tip))
     # range-diff (the slowest git call here) and the package counts need only the ids: they run
     # in the background next to the two logs below (each is a git process; the machine's other
     # core takes it). Their results are read where they were computed before.
@@ -125,6 +114,52 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                          | {f.old_path for c in old + new for f in c.files})
     upstream = upstream_commits(repo, *upstream_range, stack_files) if upstream_range else []
 
+    rows = _pair_rows(repo, old, new, rd_pairs, hints, upstream, new_base)
+    old_info, new_info, objects = _describe_bases(repo, old_base, new_base, old_pin, new_pin, upstream_range)
+    new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
+    tests = tests or {}
+    mapping = [_mapping_entry(repo, row, hints, upstream, new_label, tests) for row in rows]
+    counts = {s: 0 for s in STATUSES}
+    for entry in mapping:
+        counts[entry["status"]] += 1
+    churn = _upstream_churn(repo, new or old, old_base, new_base, upstream_range, upstream, stack_files)
+    if old_base != new_base:
+        churn["package_changes"] = package_job.result()
+    review = review_focus(mapping, churn)
+
+    return {
+        "schema": SCHEMA,
+        "old": {"base": old_info, "tip": old_tip, "count": len(old)},
+        "new": {"base": new_info, "tip": new_tip, "count": len(new)},
+        "counts": counts,
+        "mapping": mapping,
+        "upstream_churn": churn,
+        "review": review,
+        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin, objects)
+        if old_base != new_base else [],
+        "tests_run": bool(tests),
+        "range_diff": rd_raw,
+    }
+
+
+def _resolve_commits(repo: Path, revs: tuple) -> list:
+    """The four revisions as full commit ids, in one git call; a bad one is named."""
+    for rev in revs:
+        if rev.startswith("-"):
+            raise RebaseError(f"{repo}: revision {rev!r} starts with '-' (it would be read as a git option)")
+    proc = git_proc("rev-parse", *(f"{r}^{{commit}}" for r in revs), cwd=repo)
+    resolved = proc.stdout.split()
+    if proc.returncode != 0 or len(resolved) != 4:
+        for rev in revs:
+            if not rev_parse(repo, rev):
+                raise RebaseError(f"{repo}: {rev!r} does not name a commit")
+        raise RebaseError(f"{repo}: cannot resolve {revs}: {proc.stderr.strip()}")
+    return resolved
+
+
+def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream: list, new_base: str) -> list:
+    """Pair old and new patches into report rows; an old patch nobody claims is looked up upstream
+    (the commit that absorbed it) or in the new tree (its reverse applies) before it counts as dropped."""
     by_commit = {c.commit: i for i, c in enumerate(old)}
     dropped = {by_commit[c] for c in hints.get("dropped", []) if c in by_commit}
     absorbed = {}
@@ -141,9 +176,12 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             absorbed[by_commit[c.commit]] = (commit, how)
         elif reverse_applies(repo, new_base, c.diff):
             absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
-    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
+    return order_rows(classify(old, new, rd_pairs, absorbed, dropped))
 
-    notes = hints.get("notes", {})
+
+def _describe_bases(repo: Path, old_base: str, new_base: str, old_pin, new_pin, upstream_range):
+    """``(old base info, new base info, objects)``; ``objects``: the bases' raw commits and version
+    files, read once, which the downgrade warnings read again."""
     old_real = upstream_range[0] if upstream_range and old_pin else ""
     new_real = upstream_range[1] if upstream_range and new_pin else ""
     # One cat-file call for the bases: commit objects (dates) and version files (downgrades);
@@ -154,54 +192,59 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                          subjects=old_pin is None or new_pin is None)
     old_info = base_info(repo, old_base, old_pin, old_real, shown)
     new_info = base_info(repo, new_base, new_pin, new_real, shown)
-    new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
-    tests = tests or {}
-    mapping = []
-    for row in rows:
-        entry = {
-            "status": row.status,
-            "old": [_ref(c) for c in row.old],
-            "new": [_ref(c) for c in row.new],
-            "old_numbers": [c.number for c in row.old],
-            "new_numbers": [c.number for c in row.new],
-            "note": "; ".join(row.notes + [notes[c.commit] for c in row.new if c.commit in notes]),
-            "files": {  # per commit of the row, in the order of "old"/"new": [path, added, removed]
-                "old": [[[f.path, f.added, f.removed] for f in c.files] for c in row.old],
-                "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
-            },
-        }
-        if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
-            entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
-        if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
-            parts = absorption.partial(repo, row.old[0], row.new[0], upstream)  # where the missing part went
-            if parts:
-                entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
-                entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
-        pieces = absorption.pieces(row.old[0], upstream) if row.status == "absorbed" and upstream else []
-        if pieces:  # no single commit carries all of it
-            entry["upstream_commits"] = pieces
-            entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
-        if row.upstream:
-            entry["upstream_commit"] = row.upstream
-        elif row.status == "absorbed" and not pieces:  # no history to search (sdist): say where it went
-            entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
-        named = row.new or row.old
-        entry["patch_name"] = named[0].name if named else ""
-        entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
-        if row.interdiff:
-            entry["interdiff"] = row.interdiff
-        results = {}
-        for c in row.new:
-            results.update(tests.get(c.commit, {}))
-        if results:
-            entry["tests"] = dict(sorted(results.items()))
-        mapping.append(entry)
-    counts = {s: 0 for s in STATUSES}
-    for entry in mapping:
-        counts[entry["status"]] += 1
+    return old_info, new_info, objects
 
+
+def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str, tests: dict) -> dict:
+    """One row of the report's mapping: the commits on both sides, their notes, where an absorbed
+    change went, and the row's test results."""
+    notes = hints.get("notes", {})
+    entry = {
+        "status": row.status,
+        "old": [_ref(c) for c in row.old],
+        "new": [_ref(c) for c in row.new],
+        "old_numbers": [c.number for c in row.old],
+        "new_numbers": [c.number for c in row.new],
+        "note": "; ".join(row.notes + [notes[c.commit] for c in row.new if c.commit in notes]),
+        "files": {  # per commit of the row, in the order of "old"/"new": [path, added, removed]
+            "old": [[[f.path, f.added, f.removed] for f in c.files] for c in row.old],
+            "new": [[[f.path, f.added, f.removed] for f in c.files] for c in row.new],
+        },
+    }
+    if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
+        entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
+    if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
+        parts = absorption.partial(repo, row.old[0], row.new[0], upstream)  # where the missing part went
+        if parts:
+            entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
+            entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
+    pieces = absorption.pieces(row.old[0], upstream) if row.status == "absorbed" and upstream else []
+    if pieces:  # no single commit carries all of it
+        entry["upstream_commits"] = pieces
+        entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
+    if row.upstream:
+        entry["upstream_commit"] = row.upstream
+    elif row.status == "absorbed" and not pieces:  # no history to search (sdist): say where it went
+        entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
+    named = row.new or row.old
+    entry["patch_name"] = named[0].name if named else ""
+    entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
+    if row.interdiff:
+        entry["interdiff"] = row.interdiff
+    results = {}
+    for c in row.new:
+        results.update(tests.get(c.commit, {}))
+    if results:
+        entry["tests"] = dict(sorted(results.items()))
+    return entry
+
+
+def _upstream_churn(repo: Path, commits: list, old_base: str, new_base: str, upstream_range, upstream: list,
+                    stack_files: list) -> dict:
+    """What upstream changed under the stack: its commits touching the stack's files (git pins), else
+    per file the diff between the bases (sdists), each with the numbers of the patches touching it."""
     churn = {"kind": "commits" if upstream_range else "files", "entries": []}
-    touching = _patches_by_file(new or old)
+    touching = _patches_by_file(commits)
     if upstream_range:
         for c in upstream:
             touched = sorted({f.path for f in c.files} & set(stack_files))
@@ -227,23 +270,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
             churn["entries"].append({"file": path, "added": added, "removed": removed,
                                      "patches": _numbers_touching(touching, [path]),
                                      "diff": "\n".join(lines)})
-    if old_base != new_base:
-        churn["package_changes"] = package_job.result()
-    review = review_focus(mapping, churn)
-
-    return {
-        "schema": SCHEMA,
-        "old": {"base": old_info, "tip": old_tip, "count": len(old)},
-        "new": {"base": new_info, "tip": new_tip, "count": len(new)},
-        "counts": counts,
-        "mapping": mapping,
-        "upstream_churn": churn,
-        "review": review,
-        "warnings": downgrade_warnings(repo, old_base, new_base, old_pin, new_pin, objects)
-        if old_base != new_base else [],
-        "tests_run": bool(tests),
-        "range_diff": rd_raw,
-    }
+    return churn
 
 
 def _read_stacks(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, trusted: bool):
