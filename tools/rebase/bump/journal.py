@@ -33,11 +33,11 @@ class CorruptJournal(RebaseError):
 
 
 def bump_dir(layout) -> Path:
-    return layout.state_dir / "bump"
+    return layout.bump_dir
 
 
 def journal_path(layout) -> Path:
-    return bump_dir(layout) / "journal.json"
+    return layout.bump_journal
 
 
 def backup_dir(layout) -> Path:

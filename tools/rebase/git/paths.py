@@ -52,6 +52,16 @@ class Layout:
         return self.root / ".rebase"
 
     @property
+    def bump_dir(self) -> Path:
+        """A bump's journal and backup (``bump/journal.py``)."""
+        return self.state_dir / "bump"
+
+    @property
+    def bump_journal(self) -> Path:
+        """Present exactly while a bump is in progress; the stack layer refuses to apply over it."""
+        return self.bump_dir / "journal.json"
+
+    @property
     def cache(self) -> Path:
         return Path(os.environ.get("FORK_REBASE_CACHE", self.state_dir / "cache"))
 

@@ -27,11 +27,9 @@ SERIES_HEADER = [
 
 def refuse_during_bump(layout, what: str) -> None:
     """A stopped or killed bump owns the work repo, the pin and patches/ until continued or aborted."""
-    from tools.rebase.bump.journal import journal_path
-
-    if journal_path(layout).is_file():
+    if layout.bump_journal.is_file():
         raise RebaseError(
-            f"a bump is in progress ({journal_path(layout)}); {what} would undo it: finish it with "
+            f"a bump is in progress ({layout.bump_journal}); {what} would undo it: finish it with "
             f"`python -m tools.rebase bump --continue` or restore everything with `bump --abort`"
         )
 
