@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools.rebase.bump.bump import bump  # noqa: E402
-from tools.rebase.commands.bump_cli import report_last_bump  # noqa: E402
+from tools.rebase.bump.lastreport import report_last_bump  # noqa: E402
 from tools.rebase.git.gitcmd import hermetic_env  # noqa: E402
 from tools.rebase.git.paths import Layout  # noqa: E402
 from tools.rebase.stack.pin import Pin  # noqa: E402
