@@ -51,3 +51,8 @@ def test_sdist_installs_offline_as_the_patched_package(sdist, tmp_path):
     version, where = out.split()
     assert "+rl." in version
     assert Path(where).is_relative_to(target)
+    # The tool is installed with all its layer packages and its data file.
+    probe = ("import tools.rebase.cli, tools.rebase.bump.bump, tools.rebase.git.gitcmd as g; "
+             "print(g.__file__); print(g._ATTRIBUTES.is_file())")
+    where, shipped = run(sys.executable, "-c", probe, cwd=tmp_path, env=dict(clean, PYTHONPATH=str(target))).split()
+    assert Path(where).is_relative_to(target) and shipped == "True"
