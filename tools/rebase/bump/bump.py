@@ -35,11 +35,13 @@ from tools.rebase.bump.replay import ReplayPhase
 from tools.rebase.bump.resolved_tests import ResolvedTests, pytest_runner
 from tools.rebase.bump.resume import ContinuePhase
 from tools.rebase.bump.start import StartPhase
-from tools.rebase.bump.stopped import Stopped  # noqa: F401  (callers catch it from here)
+from tools.rebase.bump.stopped import Stopped
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, is_clean
 from tools.rebase.git.gitlocks import clear_stale_locks
 from tools.rebase.git.lock import locked
+
+__all__ = ["Bump", "Stopped", "bump", "bump_abort", "bump_continue", "pytest_runner"]
 
 
 class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, ContinuePhase, ResolvedTests,
