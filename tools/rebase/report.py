@@ -190,6 +190,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
         if row.interdiff:
             entry["interdiff"] = row.interdiff
+        if row.edges:  # [old number, new number, lines, share of old, share of new]
+            entry["edges"] = [list(e) for e in row.edges]
         results = {}
         for c in row.new:
             results.update(tests.get(c.commit, {}))
