@@ -17,7 +17,7 @@ from tools.rebase.gitcmd import git_proc
 from tools.rebase.subjects import normalized
 
 STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
-            "dropped", "new", "merged", "split", "reordered")
+            "likely-absorbed", "dropped", "new", "merged", "split", "reordered")
 PAIR_THRESHOLD = 0.5  # overlap / larger patch, for one-to-one pairing by content
 _RANGE_DIFF_LINE = re.compile(
     r"^\s*(?P<a>\d+|-+):\s+(?P<ah>[0-9a-f]+|-+)\s+(?P<op>[=!<>])\s+(?P<b>\d+|-+):\s+(?P<bh>[0-9a-f]+|-+)"
@@ -190,13 +190,15 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
     return o2n, attribution.attribute(old, new, o2n)
 
 
-def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> list:
+def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None) -> list:
     """Return the mapping rows (unordered is fine; ``order_rows`` sorts them).
 
     ``absorbed``: ``{old index: (upstream commit or "", how)}`` for old commits known or found to
-    be in the new base; ``dropped``: old indices the maintainer removed on purpose.
+    be in the new base; ``dropped``: old indices the maintainer removed on purpose; ``likely``:
+    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream.
     """
     absorbed = absorbed or {}
+    likely = likely or {}
     o2n, att = pair(old, new, rd_pairs)
     groups = att.links
     # Connected components over pairs + group links.
@@ -255,6 +257,10 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> li
                     if commit else f"absorbed upstream ({how})" if how else "absorbed upstream"
                 )
                 rows.append(row)
+            elif i in likely:
+                commit, subject, how = likely[i]
+                rows.append(Row("likely-absorbed", [old[i]], [], [f"likely absorbed by {commit[:12]} ({subject}): {how}"],
+                                upstream=commit))
             else:
                 rows.append(Row("dropped", [old[i]], [], ["not in the new stack, not found upstream"]))
         else:

@@ -17,7 +17,7 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
-from tools.rebase import absorption
+from tools.rebase import absorption, fingerprints, upstream_search
 from tools.rebase.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.lint import read_blobs
 from tools.rebase.review import review_focus
@@ -132,16 +132,28 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         if sha in by_commit:
             absorbed[by_commit[sha]] = (commit, how)
     rows_probe = classify(old, new, rd_pairs, absorbed, dropped)
+    lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
+    unfound = []
     for row in rows_probe:  # find absorption for old commits nobody claimed
         if row.status != "dropped" or not row.old or by_commit[row.old[0].commit] in dropped:
             continue
         c = row.old[0]
-        commit, how = find_absorbing_commit(repo, c, upstream)
+        commit, how = find_absorbing_commit(repo, c, lines.live(c))
         if commit:
+            absorbed[by_commit[c.commit]] = (commit, how)
+        else:
+            unfound.append(c)
+    likely = {}
+    anywhere = upstream_search.search(repo, upstream_range, unfound, old_base) if upstream_range else {}
+    for c in unfound:  # its text in files the stacks never touched, or a re-implementation
+        kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
+        if kind == "absorbed":
             absorbed[by_commit[c.commit]] = (commit, how)
         elif reverse_applies(repo, new_base, c.diff):
             absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
-    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped))
+        elif kind == "likely":
+            likely[by_commit[c.commit]] = (commit, subject, how)
+    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely))
 
     notes = hints.get("notes", {})
     old_real = upstream_range[0] if upstream_range and old_pin else ""
