@@ -17,7 +17,7 @@ from tools.rebase.classify import STATUSES, classify, order_rows, range_diff_pai
 from tools.rebase.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, git_proc, rev_parse
-from tools.rebase import absorption, fingerprints, upstream_search
+from tools.rebase import absorption, fingerprints, reasons, upstream_search
 from tools.rebase.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.lint import read_blobs
 from tools.rebase.review import review_focus
@@ -168,6 +168,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     new_info = base_info(repo, new_base, new_pin, new_real, shown)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
+    reason_steps = _reason_steps(repo, rows, upstream, upstream_range, old_base, new_base, new_info)
     mapping = []
     for row in rows:
         entry = {
@@ -202,6 +203,9 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
         if row.interdiff:
             entry["interdiff"] = row.interdiff
+        if row.status in ("modified", "refreshed") and len(row.old) == len(row.new) == 1:
+            entry["reasons"] = reasons.reasons(row.old[0], row.new[0], old, reason_steps) or [
+                reasons.fallback(row.status)]
         if row.edges:  # [old number, new number, lines, share of old, share of new]
             entry["edges"] = [list(e) for e in row.edges]
         results = {}
@@ -258,6 +262,20 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         "tests_run": bool(tests),
         "range_diff": rd_raw,
     }
+
+
+def _reason_steps(repo: Path, rows: list, upstream: list, upstream_range, old_base: str, new_base: str,
+                  new_info: dict) -> list:
+    """The upstream changes Reason lines are drawn from: the upstream commits when history is there,
+    else the bases' own diff of the files the adapted patches touch (one git call)."""
+    adapted = [r for r in rows if r.status in ("modified", "refreshed") and len(r.old) == len(r.new) == 1]
+    if not adapted or old_base == new_base:
+        return []
+    if upstream_range:
+        return [(c.commit[:12], c.subject, c.diff) for c in upstream]
+    paths = sorted({f.path for r in adapted for c in r.old for f in c.files})
+    diff = git("diff", "--no-renames", "-U0", old_base, new_base, "--", *paths, cwd=repo)
+    return [(new_info["label"], "diff of the bases", diff)] if diff.strip() else []
 
 
 def _read_stacks(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, trusted: bool):
