@@ -141,8 +141,13 @@ def describe(blocks: list, path: str, shifted: int = 0) -> str:
                     parts.append(f"renamed `{diff[0][0]}` to `{diff[0][1]}`")
     if not parts:
         first = next((t.strip() for t in removed + added if t.strip()), "")
-        what = f"+{len(added)}/-{len(removed)} lines"
-        parts.append(f"changed {what}" + (f" (`{first[:60]}`)" if first else ""))
+        if not removed:
+            what = f"added {len(added)} line{'s' if len(added) > 1 else ''}"
+        elif not added:
+            what = f"removed {len(removed)} line{'s' if len(removed) > 1 else ''}"
+        else:
+            what = f"changed +{len(added)}/-{len(removed)} lines"
+        parts.append(what + (f" (`{first[:60]}`)" if first else ""))
     text = "; ".join(dict.fromkeys(parts))
     where = f" above the hunk (shifting it {shifted:+d} lines)" if shifted else " around the hunk"
     return f"{text} in `{path}`{where}"
@@ -186,7 +191,7 @@ def reasons(old, new, old_stack: list, steps: list) -> list:
     """``["upstream <commit> (<subject>) <what changed>", ...]`` for the hunks of ``old`` that
     ``new`` carries changed or moved. ``steps``: ``[(label, subject, diff text)]`` oldest first."""
     parsed = [(label, subject, parse_changes(diff)) for label, subject, diff in steps]
-    out = []
+    out, seen = [], set()
     for path, start, end, kind in _changed_hunks(old, new):
         path, start, end = _place(old_stack, old, path, start, end)
         lo, hi = start - MARGIN, end + MARGIN
@@ -211,9 +216,10 @@ def reasons(old, new, old_stack: list, steps: list) -> list:
             lo, hi = _forward(lo, fc.blocks), _forward(hi, fc.blocks)
             path = fc.path
         for label, subject, what in touched or shifts[-2:]:
-            text = f"upstream {label} ({subject}) {what}"
-            if text not in out:
-                out.append(text)
+            key = (label, what.split(" around the hunk")[0].split(" above the hunk")[0])
+            if key not in seen:  # one change named once, where it touches a hunk if it does
+                seen.add(key)
+                out.append(f"upstream {label} ({subject}) {what}")
     return out[:MAX_REASONS]
 
 
