@@ -187,10 +187,21 @@ def _changed_hunks(old, new) -> list:
     return out
 
 
-def reasons(old, new, old_stack: list, steps: list) -> list:
+def parse_steps(steps: list, paths) -> list:
+    """``[(label, subject, diff text)]`` -> ``[(label, subject, [FileChange])]``, parsed once for
+    all rows, keeping only the steps that change one of ``paths``."""
+    wanted = set(paths)
+    out = []
+    for label, subject, diff in steps:
+        changes = [fc for fc in parse_changes(diff) if fc.old_path in wanted or fc.path in wanted]
+        if changes:
+            out.append((label, subject, changes))
+    return out
+
+
+def reasons(old, new, old_stack: list, parsed: list) -> list:
     """``["upstream <commit> (<subject>) <what changed>", ...]`` for the hunks of ``old`` that
-    ``new`` carries changed or moved. ``steps``: ``[(label, subject, diff text)]`` oldest first."""
-    parsed = [(label, subject, parse_changes(diff)) for label, subject, diff in steps]
+    ``new`` carries changed or moved. ``parsed``: ``parse_steps`` of the upstream changes."""
     out, seen = [], set()
     for path, start, end, kind in _changed_hunks(old, new):
         path, start, end = _place(old_stack, old, path, start, end)

@@ -271,11 +271,11 @@ def _reason_steps(repo: Path, rows: list, upstream: list, upstream_range, old_ba
     adapted = [r for r in rows if r.status in ("modified", "refreshed") and len(r.old) == len(r.new) == 1]
     if not adapted or old_base == new_base:
         return []
+    paths = sorted({p for r in adapted for c in r.old for f in c.files for p in (f.path, f.old_path)})
     if upstream_range:
-        return [(c.commit[:12], c.subject, c.diff) for c in upstream]
-    paths = sorted({f.path for r in adapted for c in r.old for f in c.files})
+        return reasons.parse_steps([(c.commit[:12], c.subject, c.diff) for c in upstream], paths)
     diff = git("diff", "--no-renames", "-U0", old_base, new_base, "--", *paths, cwd=repo)
-    return [(new_info["label"], "diff of the bases", diff)] if diff.strip() else []
+    return reasons.parse_steps([(new_info["label"], "diff of the bases", diff)], paths)
 
 
 def _read_stacks(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, trusted: bool):
