@@ -7,6 +7,9 @@ from tools.rebase.report import build_report
 
 HELPER = "def old_helper(x):\n    return x + 1\n"
 FIELD = "    cache_size: int = 0\n"
+# An earlier patch of the stack grows f.py above the later hunk: the hunk's old-base place must
+# undo it, or the helper upstream removed would look far away.
+EARLIER = replace_line("f line 2\n", "f line 2\n" + "".join(f"fork_early_{i} = {i}\n" for i in range(10)))
 
 
 def _base():
@@ -19,7 +22,7 @@ def test_reasons_name_the_upstream_commit_and_what_it_changed(tmp_path):
     repo = tmp_path / "repo"
     b0 = init(repo, _base(), "upstream 1.0")
     old_tip = branch_of_patches(repo, b0, [
-        ({"h.py": replace_line("h line 2\n", "h line 2 fork\n")}, "earlier patch on h"),
+        ({"h.py": replace_line("h line 2\n", "h line 2 fork\n"), "f.py": EARLIER}, "earlier patch on h"),
         ({"f.py": replace_line("tail line 1\n", "tail line 1\nuse(old_helper(3))\n")}, "use the helper"),
         ({"g.py": replace_line("gtail line 1\n", "gtail line 1\nread(cache_size)\n")}, "read the field"),
         ({"h.py": replace_line("h line 30\n", "h line 30 fork\n")}, "later patch on h"),
@@ -31,7 +34,7 @@ def test_reasons_name_the_upstream_commit_and_what_it_changed(tmp_path):
     near = commit(repo, {"h.py": replace_line("h line 28\n", "h line 28 upstream\n")}, "upstream: touch h 28")
     b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
     new_tip = branch_of_patches(repo, b1, [
-        ({"h.py": replace_line("h line 2\n", "h line 2 fork\n")}, "earlier patch on h"),
+        ({"h.py": replace_line("h line 2\n", "h line 2 fork\n"), "f.py": EARLIER}, "earlier patch on h"),
         ({"f.py": replace_line("tail line 1\n", "tail line 1\nuse(3 + 1)\n")}, "use the helper"),
         ({"g.py": replace_line("gtail line 1\n", "gtail line 1\nread(cache_entries)\n")}, "read the field"),
         ({"h.py": replace_line("h line 30\n", "h line 30 fork\n")}, "later patch on h"),

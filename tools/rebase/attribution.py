@@ -25,9 +25,15 @@ REVERT_SHARE = 0.5  # share of a commit's removed lines an earlier commit added:
 _WORDY = re.compile(r"[A-Za-z0-9_]{3,}")
 
 
+_IMPORT = re.compile(r"^(?:import\s|from\s+\S+\s+import\s)")
+CROSS_MIN_LINES = 3  # an edge between two commits each paired elsewhere needs this many lines ...
+CROSS_SHARE = 0.2  # ... and this share of both sides' lines
+
+
 def _meaningful(text: str) -> bool:
-    """A line that can tell commits apart (not a bare bracket, ``else:`` or ``return``)."""
-    return len(text) >= 6 and bool(_WORDY.search(text))
+    """A line that can tell commits apart (not a bare bracket, ``else:``, ``return`` or an import
+    many patches share)."""
+    return len(text) >= 6 and bool(_WORDY.search(text)) and not _IMPORT.match(text)
 
 
 def signed_lines(commit) -> Counter:
@@ -156,10 +162,15 @@ def attribute(old: list, new: list, o2n: dict) -> Attribution:
     new_lines = [signed_lines(c) for c in new]
     edges = _credit(old_lines, new_lines, o2n)
     att = Attribution(edges, [sum(c.values()) for c in old_lines], [sum(c.values()) for c in new_lines], [])
+    paired_new = set(o2n.values())
     for (i, j) in sorted(edges):
         if o2n.get(i) == j:
             continue
-        if _real(*att.share(i, j)):
+        w, share_old, share_new = att.share(i, j)
+        if i in o2n and j in paired_new:  # both have partners: a regroup needs firmer evidence
+            if w < CROSS_MIN_LINES - 1e-9 or min(share_old, share_new) < CROSS_SHARE:
+                continue
+        if _real(w, share_old, share_new):
             att.links.append((i, j))
     flows = stack_flow(old), stack_flow(new)
     _revert_notes(old, flows[0], att.notes_old, "old")

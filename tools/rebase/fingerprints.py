@@ -110,11 +110,13 @@ class RangeIndex:
         return [(i, p) for i, p in adds if i == k]
 
 
-def scan_range(repo, old: str, new: str, texts=(), identifiers=()) -> RangeIndex:
-    """Index ``old..new`` (every file, merges left out) for ``texts`` (normalized line texts) and
-    for the commits whose added lines name one of ``identifiers``."""
+def scan_range(repo, old: str, new: str, texts=(), identifiers=(), suffixes=()) -> RangeIndex:
+    """Index ``old..new`` (merges left out; every file, or those ending in one of ``suffixes``)
+    for ``texts`` (normalized line texts) and for the commits whose added lines name one of
+    ``identifiers``."""
+    pathspec = ["--", *(f":(glob)**/*{s}" for s in sorted(set(suffixes)))] if suffixes else []
     out = git("log", "--reverse", "--no-merges", "--no-color", "-p", "-U0", "--no-ext-diff",
-              f"--format={_SEP_COMMIT}%H %s{_SEP_BODY}", f"{old}..{new}", cwd=repo)
+              f"--format={_SEP_COMMIT}%H %s{_SEP_BODY}", f"{old}..{new}", *pathspec, cwd=repo)
     wanted = set(texts)
     names = sorted(set(identifiers), key=lambda n: (-len(n), n))
     any_name = re.compile("|".join(re.escape(n) for n in names)) if names else None

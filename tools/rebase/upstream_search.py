@@ -39,6 +39,12 @@ def candidate_identifiers(patch) -> list:
     return sorted(added - removed, key=lambda n: (-len(n), n))[:MAX_IDENTIFIERS]
 
 
+def _suffix(path: str) -> str:
+    """``.py`` of ``a/b.py``; "" when the name has no suffix (then every file is scanned)."""
+    name = path.rsplit("/", 1)[-1]
+    return name[name.rindex("."):] if "." in name.lstrip(".") else ""
+
+
 def _present_in(repo, tree: str, names: list) -> set:
     """The names of ``names`` that occur as whole words in ``tree`` (one git grep)."""
     if not names:
@@ -59,8 +65,10 @@ def search(repo, upstream_range: tuple, patches: list, old_base: str) -> dict:
     names = {p.commit: candidate_identifiers(p) for p in patches}
     old_known = _present_in(repo, old_base, sorted({n for ns in names.values() for n in ns}))
     introduced = {sha: [n for n in ns if n not in old_known] for sha, ns in names.items()}
+    suffixes = {_suffix(f.path) for p in patches for f in p.files}  # code moves within its language
     index = fingerprints.scan_range(repo, *upstream_range, texts=texts,
-                                    identifiers={n for ns in introduced.values() for n in ns})
+                                    identifiers={n for ns in introduced.values() for n in ns},
+                                    suffixes=() if "" in suffixes else suffixes)
     found = {}
     for p in patches:
         hit = fingerprints.absorber(index, p)
