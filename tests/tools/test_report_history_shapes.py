@@ -124,3 +124,26 @@ def test_in_stack_revert_pairs_on_each_commits_own_diff(tmp_path):
     revert_row = rows[("identical", ("Revert part of \"feature\"",), ("Revert part of \"feature\"",))]
     assert "in-stack revert: takes back 4 lines #1 added in the old stack" in revert_row["note"]
     assert "undoes the in-stack revert #3 of the new stack" in rows[("new", (), ("Reapply the rest of \"feature\"",))]["note"]
+
+
+def test_a_part_rewritten_elsewhere_joins_its_neighbours_squash_by_the_message(tmp_path):
+    """Old #1 edits g.py, old #2 adds the feature; the new commit does #1's job inline in f.py with
+    other text and says so in its message: #1 folded into it, not dropped."""
+    data = _report(tmp_path, [
+        ({"g.py": append(block("detach_params", 3))}, "[1/2] detach output layer params"),
+        ({"f.py": append(block("mtp_train", 8))}, "[2/2] support MTP training"),
+    ], [
+        ({"f.py": append(block("mtp_train", 8) + block("inline_detached", 3))},
+         "[1/1] support MTP training\n\nAlso detach the output layer params at the call site."),
+    ])
+    (row,) = data["mapping"]
+    assert row["status"] == "merged" and len(row["old"]) == 2
+    assert "old #1: new #1 its message describes it (detach, layer, output, params); squashed with a neighbour" in row["note"]
+
+
+def test_a_neighbours_message_without_the_words_leaves_it_dropped(tmp_path):
+    data = _report(tmp_path, [
+        ({"g.py": append(block("detach_params", 3))}, "[1/2] detach output layer params"),
+        ({"f.py": append(block("mtp_train", 8))}, "[2/2] support MTP training"),
+    ], [({"f.py": append(block("mtp_train", 8))}, "[1/1] support MTP training\n\nNothing else.")])
+    assert sorted(r["status"] for r in data["mapping"]) == ["dropped", "message-only"]

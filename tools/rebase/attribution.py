@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tools.rebase.subjects import names_other
+from tools.rebase.subjects import echoes, names_other
 
 EDGE_SHARE = 0.2  # an edge must carry this share of the old or the new commit's lines ...
 EDGE_MIN_LINES = 2  # ... and at least this many lines, unless it carries half of one side
@@ -205,6 +205,12 @@ def _rewritten_links(old: list, new: list, o2n: dict, att: Attribution, flows) -
                     why = f"#{mine[m].number} rewrote {n} of its {added} added lines; squashed"
                     break
             others = sorted(linked[target]) if target is not None else []
+            if not others and side == "old":  # folded into what its neighbour became, by its words
+                for x in sorted(linked.get(k - 1, set()) | linked.get(k + 1, set())):
+                    reason = names_other(theirs[x].message, c.subject) or echoes(theirs[x].message, c.subject)
+                    if reason:
+                        others, why = [x], f"new #{theirs[x].number} {reason}; squashed with a neighbour"
+                        break
             if not others:  # the squashed commit's own message may name it
                 for x, d in enumerate(theirs):
                     reason = names_other(d.message, c.subject, c.message)

@@ -59,3 +59,19 @@ def names_other(message: str, other_subject: str, other_message: str = "") -> st
     if shared:
         return f"its message names PR #{min(shared, key=int)}"
     return ""
+
+
+_GENERIC = frozenset("fix fixes feat feature add adds added support supports update use make allow "
+                     "enable new misc minor chore refactor patch megatron core".split())
+
+
+def echoes(message: str, subject: str) -> str:
+    """Why ``message`` describes the change ``subject`` names (two thirds of its own words, at
+    least two, appear in it), or "": weaker than ``names_other``, for a neighbour's squash."""
+    own = {w for w in words(strip_numbering(subject)) if len(w) >= 3} - _GENERIC
+    if len(own) < 2:
+        return ""
+    found = own & words(message)
+    if len(found) * 3 >= len(own) * 2 and len(found) >= 2:
+        return f"its message describes it ({', '.join(sorted(found))})"
+    return ""
