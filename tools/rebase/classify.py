@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tools.rebase import attribution, prefetch
 from tools.rebase.diffparse import overlap
 from tools.rebase.gitcmd import git_proc
-from tools.rebase.subjects import normalized
+from tools.rebase.subjects import normalized, strip_numbering
 
 STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
             "likely-absorbed", "dropped", "new", "merged", "split", "reordered")
@@ -70,14 +70,14 @@ def _lines(diff: str, prefix: str) -> list:
     return out
 
 
-# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording.
-_COUNTER = re.compile(r"^\s*\[[^\]]*?\b\d+/\d+\]\s*")
+# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording
+# (``subjects.strip_numbering``).
 
 
 def _message_core(message: str) -> str:
     lines = [line.rstrip() for line in message.strip().splitlines()]
     if lines:
-        lines[0] = _COUNTER.sub("", lines[0])
+        lines[0] = strip_numbering(lines[0])
     return "\n".join(lines)
 
 
@@ -318,8 +318,8 @@ def _classify_pair(o, n, reordered: bool) -> Row:
 
 
 def _counter(subject: str) -> str:
-    m = _COUNTER.match(subject)
-    return m.group(0).strip() if m else "none"
+    prefix = subject[: len(subject) - len(strip_numbering(subject))].strip() if subject.strip() else ""
+    return prefix or "none"
 
 
 def order_rows(rows: list) -> list:

@@ -199,10 +199,42 @@ def parse_steps(steps: list, paths) -> list:
     return out
 
 
-def reasons(old, new, old_stack: list, parsed: list) -> list:
+def _new_only_hunks(old, new) -> list:
+    """``[(path, start, end)]`` of the new patch's hunks whose +/- lines the old patch lacks."""
+    old_signed = {(fc.path, tuple(l for l in h[4] if l[:1] in "+-")) for fc in parse_changes(old.diff) for h in fc.hunks}
+    return [(fc.path, h[0], h[0] + max(h[1], 1) - 1) for fc in parse_changes(new.diff) for h in fc.hunks
+            if (fc.path, tuple(l for l in h[4] if l[:1] in "+-")) not in old_signed]
+
+
+def _backward_causes(parsed: list, path: str, start: int, end: int) -> list:
+    """The upstream changes (newest first) that produced lines around ``start..end`` of the new base."""
+    lo, hi = start - MARGIN, end + MARGIN
+    found = []
+    for label, subject, changes in reversed(parsed):
+        fc = next((f for f in changes if f.path == path), None)
+        if fc is None:
+            continue
+        near = [b for b in fc.blocks if b.added and b.new <= hi and b.new + len(b.added) - 1 >= lo]
+        if near:
+            found.append((label, subject, describe(near, path)))
+        if fc.old_path != fc.path:
+            found.append((label, subject, f"moved `{fc.old_path}` to `{fc.path}`"))
+        lo, hi = _back(lo, fc.blocks), _back(hi, fc.blocks)
+        path = fc.old_path
+    return found
+
+
+def reasons(old, new, old_stack: list, parsed: list, new_stack=()) -> list:
     """``["upstream <commit> (<subject>) <what changed>", ...]`` for the hunks of ``old`` that
-    ``new`` carries changed or moved. ``parsed``: ``parse_steps`` of the upstream changes."""
+    ``new`` carries changed or moved, then for the hunks only ``new`` has (followed back from the
+    new base). ``parsed``: ``parse_steps`` of the upstream changes."""
     out, seen = [], set()
+    if new_stack:
+        for path, start, end in _new_only_hunks(old, new):
+            path, start, end = _place(list(new_stack), new, path, start, end)
+            for label, subject, what in _backward_causes(parsed, path, start, end)[:2]:
+                seen.add((label, what.split(" around the hunk")[0]))
+                out.append(f"upstream {label} ({subject}) {what}")
     for path, start, end, kind in _changed_hunks(old, new):
         path, start, end = _place(old_stack, old, path, start, end)
         lo, hi = start - MARGIN, end + MARGIN
@@ -231,7 +263,7 @@ def reasons(old, new, old_stack: list, parsed: list) -> list:
             if key not in seen:  # one change named once, where it touches a hunk if it does
                 seen.add(key)
                 out.append(f"upstream {label} ({subject}) {what}")
-    return out[:MAX_REASONS]
+    return list(dict.fromkeys(out))[:MAX_REASONS]
 
 
 def fallback(status: str) -> str:

@@ -204,7 +204,7 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         if row.interdiff:
             entry["interdiff"] = row.interdiff
         if row.status in ("modified", "refreshed") and len(row.old) == len(row.new) == 1:
-            entry["reasons"] = reasons.reasons(row.old[0], row.new[0], old, reason_steps) or [
+            entry["reasons"] = reasons.reasons(row.old[0], row.new[0], old, reason_steps, new) or [
                 reasons.fallback(row.status)]
         if row.edges:  # [old number, new number, lines, share of old, share of new]
             entry["edges"] = [list(e) for e in row.edges]

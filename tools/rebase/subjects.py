@@ -13,7 +13,7 @@ _PREFIXES = (
     re.compile(r"^\s*\(\s*\d+\s*/\s*\d+\s*\)\s*"),  # (3/8)
     re.compile(r"^\s*PATCH\s+(?:v\d+\s+)?\d+\s*/\s*\d+\s*:?\s*", re.I),  # PATCH 3/8:
     re.compile(r"^\s*\d{1,4}\s*/\s*\d{1,4}\s*[:.)-]\s*"),  # 3/8: subject
-    re.compile(r"^\s*\d{4}-(?=\S)"),  # 0003-subject (a patch file's number)
+    re.compile(r"^\s*\d{4}-(?=[A-Za-z])"),  # 0003-subject (a patch file's number)
     re.compile(r"^\s*#?\d{1,3}[.):]\s+"),  # 3. subject, 3) subject
 )
 _PR = re.compile(r"(?:(?<![\w/])#|\bPR\s*#?|/pull/)(\d{2,7})\b", re.I)
