@@ -71,13 +71,13 @@ def test_three_way_split_below_half_per_part(tmp_path):
                                "big feature")], [
         ({"f.py": append(part1 + block("own_p1", 3))}, "big feature, part 1"),
         ({"g.py": append(part2)}, "big feature, part 2"),
-        ({"h.py": append(part3 + block("own_p3", 5))}, "big feature, part 3"),
+        ({"h.py": append(part3 + block("own_p3", 6))}, "big feature, part 3"),
     ])
     (row,) = data["mapping"]
     assert row["status"] == "split" and [c["subject"] for c in row["new"]] == [
         "big feature, part 1", "big feature, part 2", "big feature, part 3"]
-    assert row["edges"] == [[1, 1, 9, 0.45, 0.75], [1, 2, 6, 0.3, 1.0], [1, 3, 5, 0.25, 0.5]]
-    assert "old #1 -> new #3: 5 lines (25% of old #1, 50% of new #3)" in row["note"]
+    assert row["edges"] == [[1, 1, 9, 0.45, 0.75], [1, 2, 6, 0.3, 1.0], [1, 3, 5, 0.25, 0.45]]
+    assert "old #1 -> new #3: 5 lines (25% of old #1, 45% of new #3)" in row["note"]
 
 
 def test_three_by_three_regroup_is_one_group(tmp_path):
@@ -147,3 +147,13 @@ def test_a_neighbours_message_without_the_words_leaves_it_dropped(tmp_path):
         ({"f.py": append(block("mtp_train", 8))}, "[2/2] support MTP training"),
     ], [({"f.py": append(block("mtp_train", 8))}, "[1/1] support MTP training\n\nNothing else.")])
     assert sorted(r["status"] for r in data["mapping"]) == ["dropped", "message-only"]
+
+
+def test_a_few_shared_lines_do_not_fold_a_dropped_commit_into_a_paired_one(tmp_path):
+    shared = block("common", 2)
+    data = _report(tmp_path, [
+        ({"f.py": append(block("keep", 8) + shared)}, "keeper"),
+        ({"g.py": append(shared + block("gone", 6))}, "gone for good"),
+    ], [({"f.py": append(block("keep", 8) + shared)}, "keeper")])
+    assert sorted((r["status"], r["old"][0]["subject"]) for r in data["mapping"]) == [
+        ("dropped", "gone for good"), ("identical", "keeper")]

@@ -28,6 +28,7 @@ _WORDY = re.compile(r"[A-Za-z0-9_]{3,}")
 _IMPORT = re.compile(r"^(?:import\s|from\s+\S+\s+import\s)")
 CROSS_MIN_LINES = 3  # an edge between two commits each paired elsewhere needs this many lines ...
 CROSS_SHARE = 0.2  # ... and this share of both sides' lines
+PART_SHARE = 0.4  # a commit folded into (split off) a paired one brings (holds) this share
 
 
 def _meaningful(text: str) -> bool:
@@ -170,6 +171,10 @@ def attribute(old: list, new: list, o2n: dict) -> Attribution:
         if i in o2n and j in paired_new:  # both have partners: a regroup needs firmer evidence
             if w < CROSS_MIN_LINES - 1e-9 or min(share_old, share_new) < CROSS_SHARE:
                 continue
+        elif j in paired_new and share_old < PART_SHARE:  # folded into a paired commit: much of it
+            continue
+        elif i in o2n and share_new < PART_SHARE:  # split off a paired commit: much of the part
+            continue
         if _real(w, share_old, share_new):
             att.links.append((i, j))
     flows = stack_flow(old), stack_flow(new)
