@@ -101,7 +101,7 @@ def build(repo: Path) -> tuple:
     for n in range(UPSTREAM):
         k = n % FILES
         path = f"pkg/mod_{k}.py"
-        row = 100 + (n // FILES) % 90 if n % 97 else 46  # now and then next to a stack hunk
+        row = 46 if n in (915, 976) else 100 + (n // FILES) % 90  # two next to a modified patch's hunk
         files[path][row] = files[path][row].rstrip("\n") + f" upstream {n}\n"
         change = {path: files[path]}
         message = f"upstream change {n}"

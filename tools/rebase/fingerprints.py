@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tools.rebase import prefetch
 from tools.rebase.gitcmd import git
 
 _SEP_COMMIT = "\x01"
@@ -110,13 +111,38 @@ class RangeIndex:
         return [(i, p) for i, p in adds if i == k]
 
 
-def scan_range(repo, old: str, new: str, texts=(), identifiers=(), suffixes=()) -> RangeIndex:
-    """Index ``old..new`` (merges left out; every file, or those ending in one of ``suffixes``)
-    for ``texts`` (normalized line texts) and for the commits whose added lines name one of
-    ``identifiers``."""
+def range_log(repo, old: str, new: str, suffixes=()) -> str:
+    """``git log -p -U0`` of ``old..new`` (merges left out; every file, or those ending in one of
+    ``suffixes``), the text ``scan_range`` indexes."""
     pathspec = ["--", *(f":(glob)**/*{s}" for s in sorted(set(suffixes)))] if suffixes else []
-    out = git("log", "--reverse", "--no-merges", "--no-color", "-p", "-U0", "--no-ext-diff",
-              f"--format={_SEP_COMMIT}%H %s{_SEP_BODY}", f"{old}..{new}", *pathspec, cwd=repo)
+    return git("log", "--reverse", "--no-merges", "--no-color", "-p", "-U0", "--no-ext-diff",
+               f"--format={_SEP_COMMIT}%H %s{_SEP_BODY}", f"{old}..{new}", *pathspec, cwd=repo)
+
+
+def _log_key(repo, old: str, new: str, suffixes) -> tuple:
+    return ("range-log-U0", str(repo), old, new, tuple(sorted(set(suffixes))))
+
+
+def prefetch_range_log(repo, old: str, new: str, suffixes=()) -> bool:
+    """Start ``range_log`` in the background; whoever started it must ``scan_range`` or
+    ``drop_range_log`` it. False when the range is not immutable (nothing started)."""
+    if not prefetch.immutable(old, new):
+        return False
+    prefetch.start(_log_key(repo, old, new, suffixes), range_log, repo, old, new, suffixes)
+    return True
+
+
+def drop_range_log(repo, old: str, new: str, suffixes=()) -> None:
+    """Wait for a prefetched ``range_log`` nobody needs and forget it."""
+    prefetch.take(_log_key(repo, old, new, suffixes))
+
+
+def scan_range(repo, old: str, new: str, texts=(), identifiers=(), suffixes=()) -> RangeIndex:
+    """Index ``range_log(old, new, suffixes)`` (prefetched or not) for ``texts`` (normalized line
+    texts) and for the commits whose added lines name one of ``identifiers``."""
+    found, out = prefetch.take(_log_key(repo, old, new, suffixes))
+    if not found:
+        out = range_log(repo, old, new, suffixes)
     wanted = set(texts)
     names = sorted(set(identifiers), key=lambda n: (-len(n), n))
     any_name = re.compile("|".join(re.escape(n) for n in names)) if names else None

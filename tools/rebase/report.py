@@ -134,17 +134,17 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     rows_probe = classify(old, new, rd_pairs, absorbed, dropped)
     lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
     unfound = []
-    for row in rows_probe:  # find absorption for old commits nobody claimed
-        if row.status != "dropped" or not row.old or by_commit[row.old[0].commit] in dropped:
-            continue
-        c = row.old[0]
+    candidates = [row.old[0] for row in rows_probe  # old commits nobody claimed
+                  if row.status == "dropped" and row.old and by_commit[row.old[0].commit] not in dropped]
+    scan = upstream_search.start(repo, upstream_range, candidates) if upstream_range and candidates else None
+    for c in candidates:  # find where they went upstream
         commit, how = find_absorbing_commit(repo, c, lines.live(c))
         if commit:
             absorbed[by_commit[c.commit]] = (commit, how)
         else:
             unfound.append(c)
     likely = {}
-    anywhere = upstream_search.search(repo, upstream_range, unfound, old_base) if upstream_range else {}
+    anywhere = upstream_search.search(repo, scan, unfound, old_base) if scan else {}
     for c in unfound:  # its text in files the stacks never touched, or a re-implementation
         kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
         if kind == "absorbed":

@@ -56,19 +56,37 @@ def _present_in(repo, tree: str, names: list) -> set:
     return {line.rpartition(":")[2].strip() for line in proc.stdout.splitlines()} & set(names)
 
 
-def search(repo, upstream_range: tuple, patches: list, old_base: str) -> dict:
+def scan_suffixes(patches: list) -> tuple:
+    """The file suffixes the scan keeps (code moves within its language); () = every file."""
+    suffixes = {_suffix(f.path) for p in patches for f in p.files}
+    return () if "" in suffixes else tuple(sorted(suffixes))
+
+
+def start(repo, upstream_range: tuple, candidates: list) -> tuple:
+    """Start the whole-range log for ``candidates`` in the background; ``search`` (or ``stop``)
+    with the returned handle must follow."""
+    suffixes = scan_suffixes(candidates)
+    fingerprints.prefetch_range_log(repo, *upstream_range, suffixes)
+    return upstream_range, suffixes
+
+
+def stop(repo, handle: tuple) -> None:
+    fingerprints.drop_range_log(repo, *handle[0], handle[1])
+
+
+def search(repo, handle: tuple, patches: list, old_base: str) -> dict:
     """``{patch commit: (kind, upstream commit, subject, how)}``, kind "absorbed" (its text) or
-    "likely" (a re-implementation), for the patches found."""
+    "likely" (a re-implementation), for the patches found. ``handle``: from ``start``."""
+    upstream_range, suffixes = handle
     if not patches:
+        stop(repo, handle)
         return {}
     texts = {t[1:] for p in patches for _, t in fingerprints.signed_norms(p) if t[0] == "+"}
     names = {p.commit: candidate_identifiers(p) for p in patches}
     old_known = _present_in(repo, old_base, sorted({n for ns in names.values() for n in ns}))
     introduced = {sha: [n for n in ns if n not in old_known] for sha, ns in names.items()}
-    suffixes = {_suffix(f.path) for p in patches for f in p.files}  # code moves within its language
     index = fingerprints.scan_range(repo, *upstream_range, texts=texts,
-                                    identifiers={n for ns in introduced.values() for n in ns},
-                                    suffixes=() if "" in suffixes else suffixes)
+                                    identifiers={n for ns in introduced.values() for n in ns}, suffixes=suffixes)
     found = {}
     for p in patches:
         hit = fingerprints.absorber(index, p)
