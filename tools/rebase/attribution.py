@@ -92,7 +92,8 @@ class Attribution:
     def share(self, i: int, j: int) -> tuple:
         """``(lines, share of old i's lines, share of new j's lines)`` of the edge i -> j."""
         w = self.edges.get((i, j), 0)
-        return w, w / self.old_sizes[i] if self.old_sizes[i] else 0.0, w / self.new_sizes[j] if self.new_sizes[j] else 0.0
+        size_old, size_new = self.old_sizes[i], self.new_sizes[j]
+        return w, w / size_old if size_old else 0.0, w / size_new if size_new else 0.0
 
 
 def _credit(old_lines: list, new_lines: list, o2n: dict) -> dict:

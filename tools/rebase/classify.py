@@ -259,8 +259,8 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
                 rows.append(row)
             elif i in likely:
                 commit, subject, how = likely[i]
-                rows.append(Row("likely-absorbed", [old[i]], [], [f"likely absorbed by {commit[:12]} ({subject}): {how}"],
-                                upstream=commit))
+                note = f"likely absorbed by {commit[:12]} ({subject}): {how}"
+                rows.append(Row("likely-absorbed", [old[i]], [], [note], upstream=commit))
             else:
                 rows.append(Row("dropped", [old[i]], [], ["not in the new stack, not found upstream"]))
         else:

@@ -201,9 +201,11 @@ def parse_steps(steps: list, paths) -> list:
 
 def _new_only_hunks(old, new) -> list:
     """``[(path, start, end)]`` of the new patch's hunks whose +/- lines the old patch lacks."""
-    old_signed = {(fc.path, tuple(l for l in h[4] if l[:1] in "+-")) for fc in parse_changes(old.diff) for h in fc.hunks}
+    def signed(hunk):
+        return tuple(line for line in hunk[4] if line[:1] in "+-")
+    old_signed = {(fc.path, signed(h)) for fc in parse_changes(old.diff) for h in fc.hunks}
     return [(fc.path, h[0], h[0] + max(h[1], 1) - 1) for fc in parse_changes(new.diff) for h in fc.hunks
-            if (fc.path, tuple(l for l in h[4] if l[:1] in "+-")) not in old_signed]
+            if (fc.path, signed(h)) not in old_signed]
 
 
 def _backward_causes(parsed: list, path: str, start: int, end: int) -> list:

@@ -186,7 +186,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
         if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
             entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
         if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
-            parts = absorption.partial(repo, row.old[0], row.new[0], lines.live(row.old[0]))  # where the missing part went
+            # where the missing part went
+            parts = absorption.partial(repo, row.old[0], row.new[0], lines.live(row.old[0]))
             if parts:
                 entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
                 entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
