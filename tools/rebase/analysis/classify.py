@@ -12,13 +12,14 @@ import re
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
+from tools.rebase.analysis import attribution
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
+from tools.rebase.analysis.subjects import normalized, strip_numbering
 
 STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
-            "dropped", "new", "merged", "split", "reordered")
+            "likely-absorbed", "dropped", "new", "merged", "split", "reordered")
 PAIR_THRESHOLD = 0.5  # overlap / larger patch, for one-to-one pairing by content
-GROUP_THRESHOLD = 0.6  # share of a patch's lines found in the other, for merge/split links
 _RANGE_DIFF_LINE = re.compile(
     r"^\s*(?P<a>\d+|-+):\s+(?P<ah>[0-9a-f]+|-+)\s+(?P<op>[=!<>])\s+(?P<b>\d+|-+):\s+(?P<bh>[0-9a-f]+|-+)"
 )
@@ -32,6 +33,7 @@ class Row:
     notes: list = field(default_factory=list)
     interdiff: str = ""
     upstream: str = ""  # absorbing upstream commit, when known
+    edges: list = field(default_factory=list)  # [(old number, new number, lines, share of old, share of new)]
 
 
 def _range_diff(repo, old_range: str, new_range: str, creation_factor: int):
@@ -69,14 +71,14 @@ def _lines(diff: str, prefix: str) -> list:
     return out
 
 
-# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording.
-_COUNTER = re.compile(r"^\s*\[[^\]]*?\b\d+/\d+\]\s*")
+# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording
+# (``subjects.strip_numbering``).
 
 
 def _message_core(message: str) -> str:
     lines = [line.rstrip() for line in message.strip().splitlines()]
     if lines:
-        lines[0] = _COUNTER.sub("", lines[0])
+        lines[0] = strip_numbering(lines[0])
     return "\n".join(lines)
 
 
@@ -120,8 +122,18 @@ def _lis(seq):
     return out
 
 
+def same_subject(o, n) -> bool:
+    """Equal subjects, or subjects equal once numbering is stripped and confirmed by content (the
+    two commits touch a common file)."""
+    if o.subject == n.subject:
+        return True
+    return normalized(o.subject) == normalized(n.subject) and bool(
+        {f.path for f in o.files} & {f.path for f in n.files})
+
+
 def pair(old: list, new: list, rd_pairs=()) -> tuple:
-    """One-to-one pairs ``{old index: new index}`` plus group links ``[(old index, new index)]``."""
+    """One-to-one pairs ``{old index: new index}`` plus the line attribution (``attribution``)
+    whose kept edges link commits into groups."""
     o2n, n2o = {}, {}
 
     def link(i, j):
@@ -173,43 +185,23 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
         if i in o2n:
             continue
         for j, d in enumerate(new):
-            if j not in n2o and d.subject == c.subject and not (c.name and d.name and c.name != d.name):
+            if j not in n2o and same_subject(c, d) and not (c.name and d.name and c.name != d.name):
                 link(i, j)
                 break
-    groups = []
-    added_new = [[t for t in toks if t[0] == "+"] for toks in tokens_new]
-    for i in range(len(old)):
-        if i in o2n or not tokens_old[i]:
-            continue
-        # Folded into a new patch: most of its added lines live there (its removed lines may not,
-        # when upstream rewrote them), even if that new patch already pairs with another old one.
-        added = [t for t in tokens_old[i] if t[0] == "+"]
-        if added and new:
-            shares = [overlap(added, a) for a in added_new]
-            best = max(range(len(new)), key=lambda j: (shares[j], -j))
-            if shares[best] * 2 > len(added):
-                groups.append((i, best))
-                continue
-        best = max(range(len(new)), key=lambda j: (common.get((i, j), 0), -j), default=None)
-        if best is not None and common.get((i, best), 0) >= GROUP_THRESHOLD * len(tokens_old[i]):
-            groups.append((i, best))
-    for j in range(len(new)):
-        if j in n2o or not tokens_new[j]:
-            continue
-        best = max(range(len(old)), key=lambda i: (common.get((i, j), 0), -i), default=None)
-        if best is not None and common.get((best, j), 0) >= GROUP_THRESHOLD * len(tokens_new[j]):
-            groups.append((best, j))
-    return o2n, groups
+    return o2n, attribution.attribute(old, new, o2n)
 
 
-def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> list:
+def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None) -> list:
     """Return the mapping rows (unordered is fine; ``order_rows`` sorts them).
 
     ``absorbed``: ``{old index: (upstream commit or "", how)}`` for old commits known or found to
-    be in the new base; ``dropped``: old indices the maintainer removed on purpose.
+    be in the new base; ``dropped``: old indices the maintainer removed on purpose; ``likely``:
+    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream.
     """
     absorbed = absorbed or {}
-    o2n, groups = pair(old, new, rd_pairs)
+    likely = likely or {}
+    o2n, att = pair(old, new, rd_pairs)
+    groups = att.links
     # Connected components over pairs + group links.
     parent = {}
 
@@ -249,6 +241,8 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> li
                 row.notes.append(f"{len(olds)} old patches folded into one")
             else:
                 row.notes.append(f"split into {len(news)} patches")
+            row.edges = attribution.group_edges(att, olds, news, o2n, old, new)
+            row.notes.append(attribution.describe_edges(row.edges))
             rows.append(row)
         elif olds and news:
             singles.append((olds[0], news[0]))
@@ -264,6 +258,10 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> li
                     if commit else f"absorbed upstream ({how})" if how else "absorbed upstream"
                 )
                 rows.append(row)
+            elif i in likely:
+                commit, subject, how = likely[i]
+                note = f"likely absorbed by {commit[:12]} ({subject}): {how}"
+                rows.append(Row("likely-absorbed", [old[i]], [], [note], upstream=commit))
             else:
                 rows.append(Row("dropped", [old[i]], [], ["not in the new stack, not found upstream"]))
         else:
@@ -272,6 +270,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=()) -> li
     in_order = _lis([j for _, j in singles])
     for k, (i, j) in enumerate(singles):
         rows.append(_classify_pair(old[i], new[j], reordered=k not in in_order))
+    attribution.add_commit_notes(rows, att, old, new)
     return rows
 
 
@@ -320,8 +319,8 @@ def _classify_pair(o, n, reordered: bool) -> Row:
 
 
 def _counter(subject: str) -> str:
-    m = _COUNTER.match(subject)
-    return m.group(0).strip() if m else "none"
+    prefix = subject[: len(subject) - len(strip_numbering(subject))].strip() if subject.strip() else ""
+    return prefix or "none"
 
 
 def order_rows(rows: list) -> list:

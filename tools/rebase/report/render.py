@@ -110,6 +110,9 @@ def render_markdown(data: dict) -> str:
         if entry["note"]:
             out.append(f"{entry['note']}.")
             out.append("")
+        for reason in entry.get("reasons", []):
+            out.append(f"Reason: {reason}")
+            out.append("")
         if entry.get("upstream_commit"):
             out.append(f"Absorbing upstream commit: `{entry['upstream_commit']}`")
             out.append("")

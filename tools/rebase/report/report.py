@@ -17,7 +17,7 @@ from tools.rebase.analysis.classify import STATUSES, classify, order_rows, range
 from tools.rebase.analysis.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
-from tools.rebase.analysis import absorption
+from tools.rebase.analysis import absorption, fingerprints, reasons, upstream_search
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
@@ -114,11 +114,13 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                          | {f.old_path for c in old + new for f in c.files})
     upstream = upstream_commits(repo, *upstream_range, stack_files) if upstream_range else []
 
-    rows = _pair_rows(repo, old, new, rd_pairs, hints, upstream, new_base)
+    rows, lines = _pair_rows(repo, old, new, rd_pairs, hints, upstream, upstream_range, old_base, new_base)
     old_info, new_info, objects = _describe_bases(repo, old_base, new_base, old_pin, new_pin, upstream_range)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
-    mapping = [_mapping_entry(repo, row, hints, upstream, new_label, tests) for row in rows]
+    reason_steps = _reason_steps(repo, rows, upstream, upstream_range, old_base, new_base, new_info)
+    sides = (old, new, lines, reason_steps)
+    mapping = [_mapping_entry(repo, row, hints, upstream, new_label, tests, sides) for row in rows]
     counts = {s: 0 for s in STATUSES}
     for entry in mapping:
         counts[entry["status"]] += 1
@@ -157,9 +159,12 @@ def _resolve_commits(repo: Path, revs: tuple) -> list:
     return resolved
 
 
-def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream: list, new_base: str) -> list:
-    """Pair old and new patches into report rows; an old patch nobody claims is looked up upstream
-    (the commit that absorbed it) or in the new tree (its reverse applies) before it counts as dropped."""
+def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream: list, upstream_range,
+               old_base: str, new_base: str):
+    """``(rows, upstream lines)``: old and new patches paired into report rows; an old patch nobody
+    claims is looked up upstream (the commit that absorbed it, in the stack's files or anywhere in the
+    range, or a likely re-implementation) or in the new tree (its reverse applies) before it counts
+    as dropped."""
     by_commit = {c.commit: i for i, c in enumerate(old)}
     dropped = {by_commit[c] for c in hints.get("dropped", []) if c in by_commit}
     absorbed = {}
@@ -167,16 +172,28 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
         if sha in by_commit:
             absorbed[by_commit[sha]] = (commit, how)
     rows_probe = classify(old, new, rd_pairs, absorbed, dropped)
-    for row in rows_probe:  # find absorption for old commits nobody claimed
-        if row.status != "dropped" or not row.old or by_commit[row.old[0].commit] in dropped:
-            continue
-        c = row.old[0]
-        commit, how = find_absorbing_commit(repo, c, upstream)
+    lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
+    unfound = []
+    candidates = [row.old[0] for row in rows_probe  # old commits nobody claimed
+                  if row.status == "dropped" and row.old and by_commit[row.old[0].commit] not in dropped]
+    scan = upstream_search.start(repo, upstream_range, candidates) if upstream_range and candidates else None
+    for c in candidates:  # find where they went upstream
+        commit, how = find_absorbing_commit(repo, c, lines.live(c))
         if commit:
+            absorbed[by_commit[c.commit]] = (commit, how)
+        else:
+            unfound.append(c)
+    likely = {}
+    anywhere = upstream_search.search(repo, scan, unfound, old_base) if scan else {}
+    for c in unfound:  # its text in files the stacks never touched, or a re-implementation
+        kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
+        if kind == "absorbed":
             absorbed[by_commit[c.commit]] = (commit, how)
         elif reverse_applies(repo, new_base, c.diff):
             absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
-    return order_rows(classify(old, new, rd_pairs, absorbed, dropped))
+        elif kind == "likely":
+            likely[by_commit[c.commit]] = (commit, subject, how)
+    return order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely)), lines
 
 
 def _describe_bases(repo: Path, old_base: str, new_base: str, old_pin, new_pin, upstream_range):
@@ -195,9 +212,11 @@ def _describe_bases(repo: Path, old_base: str, new_base: str, old_pin, new_pin, 
     return old_info, new_info, objects
 
 
-def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str, tests: dict) -> dict:
+def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str, tests: dict, sides) -> dict:
     """One row of the report's mapping: the commits on both sides, their notes, where an absorbed
-    change went, and the row's test results."""
+    change went, why an adapted patch changed, and the row's test results. ``sides``: ``(old
+    commits, new commits, upstream lines, Reason steps)``."""
+    old, new, lines, reason_steps = sides
     notes = hints.get("notes", {})
     entry = {
         "status": row.status,
@@ -214,11 +233,12 @@ def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str,
     if row.status == "dropped" and row.old[0].commit in hints.get("drop_notes", {}):
         entry["note"] = hints["drop_notes"][row.old[0].commit]  # dependents and orphaned tests
     if upstream and len(row.old) == len(row.new) == 1 and row.status in ("modified", "merged", "split"):
-        parts = absorption.partial(repo, row.old[0], row.new[0], upstream)  # where the missing part went
+        # where the missing part went
+        parts = absorption.partial(repo, row.old[0], row.new[0], lines.live(row.old[0]))
         if parts:
             entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
             entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
-    pieces = absorption.pieces(row.old[0], upstream) if row.status == "absorbed" and upstream else []
+    pieces = absorption.pieces(row.old[0], lines.live(row.old[0])) if row.status == "absorbed" and upstream else []
     if pieces:  # no single commit carries all of it
         entry["upstream_commits"] = pieces
         entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
@@ -231,12 +251,31 @@ def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str,
     entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
     if row.interdiff:
         entry["interdiff"] = row.interdiff
+    if row.status in ("modified", "refreshed") and len(row.old) == len(row.new) == 1:
+        entry["reasons"] = reasons.reasons(row.old[0], row.new[0], old, reason_steps, new) or [
+            reasons.fallback(row.status)]
+    if row.edges:  # [old number, new number, lines, share of old, share of new]
+        entry["edges"] = [list(e) for e in row.edges]
     results = {}
     for c in row.new:
         results.update(tests.get(c.commit, {}))
     if results:
         entry["tests"] = dict(sorted(results.items()))
     return entry
+
+
+def _reason_steps(repo: Path, rows: list, upstream: list, upstream_range, old_base: str, new_base: str,
+                  new_info: dict) -> list:
+    """The upstream changes Reason lines are drawn from: the upstream commits when history is there,
+    else the bases' own diff of the files the adapted patches touch (one git call)."""
+    adapted = [r for r in rows if r.status in ("modified", "refreshed") and len(r.old) == len(r.new) == 1]
+    if not adapted or old_base == new_base:
+        return []
+    paths = sorted({p for r in adapted for c in r.old for f in c.files for p in (f.path, f.old_path)})
+    if upstream_range:
+        return reasons.parse_steps([(c.commit[:12], c.subject, c.diff) for c in upstream], paths)
+    diff = git("diff", "--no-renames", "-U0", old_base, new_base, "--", *paths, cwd=repo)
+    return reasons.parse_steps([(new_info["label"], "diff of the bases", diff)], paths)
 
 
 def _upstream_churn(repo: Path, commits: list, old_base: str, new_base: str, upstream_range, upstream: list,
