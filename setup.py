@@ -83,7 +83,7 @@ setup(
     extras_require={
         "te": ["transformer-engine[pytorch]"],
         "flash-attn": ["flash-attn"],
-        "dev": ["pytest", "git-filter-repo", "psutil", "build", "setuptools>=69", "wheel"],
+        "dev": ["pytest", "psutil", "build", "setuptools>=69", "wheel"],
     },
     zip_safe=False,
 )
