@@ -81,6 +81,11 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
        40: 2.021, 60: 2.000, 120: 1.980}  # fmt: skip
 
 
+def safe_name(name):
+    """A file-name-safe form of a configuration name (letters, digits, '.', '_', '-')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
 def t95(df):
     if df in T95:
         return T95[df]
@@ -109,7 +114,7 @@ class Worker:
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         self.name, self.gpu = name, gpu
-        self.log_path = Path(log_dir) / f"worker-{name.replace('/', '_')}-gpu{gpu}.log"
+        self.log_path = Path(log_dir) / f"worker-{safe_name(name)}-gpu{gpu}.log"
         self.log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "bench.te_worker", "--config", name, "--json-args", json.dumps(args)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -171,7 +176,7 @@ def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
         if args.profile:
             for name in args.profile:
                 if name in workers:
-                    path = str(Path(log_dir) / f"profile-{name.replace('/', '_')}.txt")
+                    path = str(Path(log_dir) / f"profile-{safe_name(name)}.txt")
                     res = workers[name].request(f"profile {args.profile_steps} {path}")
                     out.setdefault("profiles", {})[name] = res
     finally:
