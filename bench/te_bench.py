@@ -106,13 +106,15 @@ def ratio_interval(ratios):
 class Worker:
     """One configuration's process; ``request`` sends a command and waits for its RESULT line."""
 
-    def __init__(self, name, args, impl_root, gpu, port, log_dir):
+    def __init__(self, name, args, impl_root, gpu, port, log_dir, cpus=None):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(impl_root), str(ROOT), env.get("PYTHONPATH", "")])
         env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(port)
         env["PYTHONUNBUFFERED"] = "1"
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if cpus:
+            env["BENCH_CPUS"] = ",".join(map(str, cpus))
         self.name, self.gpu = name, gpu
         self.log_path = Path(log_dir) / f"worker-{safe_name(name)}-gpu{gpu}.log"
         self.log = open(self.log_path, "w")
@@ -149,14 +151,29 @@ class Worker:
         self.log.close()
 
 
+def cpu_slices(count, gpu, args):
+    """Disjoint CPU cores for each worker of a group on one GPU (None: leave affinity alone)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * count
+    available = sorted(os.sched_getaffinity(0))
+    gpus = args.nproc_resolved or 1
+    per_gpu = available[(gpu or 0) * len(available) // gpus:((gpu or 0) + 1) * len(available) // gpus]
+    spare = per_gpu[1:]  # the first stays with the driver
+    width = len(spare) // count
+    if width < 1:
+        return [None] * count
+    return [spare[i * width:(i + 1) * width] for i in range(count)]
+
+
 def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
     """All rounds of one group of configurations on one GPU; fills ``out[name]`` with windows."""
     worker_args = {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs", "json_out")}
     workers = {}
     try:
+        cores = cpu_slices(len(names), gpu, args)
         for i, name in enumerate(names):
             root = upstream if CONFIGS[name]["impl"] == "upstream" else ROOT
-            workers[name] = Worker(name, worker_args, root, gpu, port_base + i, log_dir)
+            workers[name] = Worker(name, worker_args, root, gpu, port_base + i, log_dir, cores[i])
         # Imports and builds overlap, warm-ups too; measuring starts once all are ready.
         for name, w in workers.items():
             w.wait_ready()
@@ -217,13 +234,16 @@ def summarize(per_gpu):
                        b_peak_gib=statistics.fmean(b_peak))  # fmt: skip
         if steady_ratios:
             row["steady_ratio"] = statistics.fmean(steady_ratios)
+        # A step verdict needs the whole interval on one side of the target; peak is exact.
         checks = []
         if "step" in targets:
-            checks.append(step[0] <= targets["step"])
+            bound = targets["step"]
+            checks.append(True if step[2] <= bound else False if step[1] > bound else None)
         if "peak" in targets and peak_ratios:
             checks.append(row["peak_ratio"] <= targets["peak"])
         row["targets"] = targets
-        row["pass"] = all(checks) if checks else None
+        row["pass"] = (False if False in checks else None if None in checks else True) if checks else None
+        row["resolved"] = None not in checks
         rows.append(row)
     return rows
 
@@ -237,11 +257,18 @@ def table(rows):
             f"{'B/A peak':>8} {'A GiB':>6} {'B GiB':>6} {'verdict':>7}")  # fmt: skip
     out = [head, "-" * len(head)]
     for r in rows:
-        verdict = {True: "PASS", False: "FAIL", None: "-"}[r["pass"]]
+        verdict = verdict_word(r)
         out.append(f"{r['comparison']:20} {r['a']:14} {r['b']:16} {r['a_step_ms']:7.1f} {r['b_step_ms']:7.1f} "
                    f"{fmt_interval(r['step_ratio']):>27} {r.get('peak_ratio', float('nan')):8.4f} "
                    f"{r.get('a_peak_gib', float('nan')):6.2f} {r.get('b_peak_gib', float('nan')):6.2f} {verdict:>7}")  # fmt: skip
     return "\n".join(out)
+
+
+def verdict_word(row):
+    """PASS/FAIL when decided; OPEN when the step interval straddles its target; INFO: no target."""
+    if not row["targets"]:
+        return "INFO"
+    return {True: "PASS", False: "FAIL", None: "OPEN"}[row["pass"]]
 
 
 def verdict_lines(rows):
@@ -258,7 +285,7 @@ def verdict_lines(rows):
         if r["comparison"].startswith("reclaim"):
             what.append(f"step {fmt_interval(r['step_ratio'])}, memory after backward "
                         f"{r.get('steady_ratio', float('nan')):.4f}x")  # fmt: skip
-        verdict = {True: "PASS", False: "FAIL", None: "INFO"}[r["pass"]]
+        verdict = verdict_word(r)
         lines.append(f"{verdict}  {r['comparison']} ({r['rounds']} rounds): " + ", ".join(what))
     return lines
 
@@ -353,6 +380,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.from_json:
         payload = json.loads(Path(args.from_json).read_text())
+        payload["rows"] = summarize(payload["windows"])  # verdicts by this version's rules
     else:
         groups = groups_for(args.only)
         if any(CONFIGS[n]["impl"] == "upstream" for g in groups for n in g):
@@ -363,6 +391,7 @@ def main(argv=None):
         log_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
         gpus = gpu_ids(args)
+        args.nproc_resolved = len(gpus)
         per_gpu = {str(g): {} for g in gpus}
         profiles, ready = {}, {}
         for gi, group in enumerate(groups):

@@ -33,7 +33,7 @@ for step in "$@"; do
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-540} python3 bench/te_bench.py --upstream $UP --rounds ${ROUNDS:-10} --steps ${STEPS:-8} \
-        --warmup-max 20 --profile fork fork+mhc --profile-steps 3 --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
+        --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
   esac

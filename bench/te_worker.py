@@ -11,20 +11,29 @@ Noise removed at the source here:
 * attention: Transformer Engine's cuDNN fused attention is pinned (flash and unfused off) and
   cuDNN autotuning is disabled, so every process runs the same kernels;
 * timing: CUDA events around each step, after a warm-up that runs until two consecutive
-  windows agree, and a few unmeasured steps at the start of every window (clocks, caches).
+  windows agree, and a few unmeasured steps at the start of every window (clocks, caches);
+* host: each worker is pinned to its own CPU cores (``BENCH_CPUS``) and the garbage collector
+  is off inside a measured window (step-to-step host jitter shows in a launch-bound step).
 
 Protocol: the worker prints ``READY {json}`` once built and warm, then answers each command line
 ``measure N`` / ``profile N PATH`` / ``quit`` with one ``RESULT {json}`` line.
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import sys
 import time
 
-import torch
+# Before torch starts its threads: stay on the cores the driver gave this worker, so host work
+# (kernel launches, the dispatcher's device-to-host syncs) never shares a core with another
+# worker's threads or migrates between windows.
+if os.environ.get("BENCH_CPUS"):
+    os.sched_setaffinity(0, {int(c) for c in os.environ["BENCH_CPUS"].split(",")})
+
+import torch  # noqa: E402
 
 from bench.worker import batch, gib, setup_distributed, sync
 
@@ -151,7 +160,12 @@ class Trainer:
 
     def measure(self, n, lead_in):
         self.timed_steps(lead_in)  # unmeasured: back to steady clocks after waiting
-        times, steady = self.timed_steps(n)
+        gc.collect()
+        gc.disable()  # no collector pause inside a measured window
+        try:
+            times, steady = self.timed_steps(n)
+        finally:
+            gc.enable()
         cuda = self.device == "cuda"
         return {
             "step_times_ms": times,

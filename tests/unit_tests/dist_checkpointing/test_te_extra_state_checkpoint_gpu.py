@@ -40,8 +40,10 @@ class TestTEExtraStateRoundTrip:
         import transformer_engine.pytorch as te
         from transformer_engine.common.recipe import DelayedScaling
 
-        from megatron.core import dist_checkpointing
+        from megatron.core import dist_checkpointing, parallel_state
 
+        # TE layers shard their state over the data-parallel group named in the metadata.
+        metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
         layer = self._layer()
         x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16) * 7.0
         with te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling(amax_history_len=4)):
@@ -50,10 +52,10 @@ class TestTEExtraStateRoundTrip:
                 out.float().sum().backward()
         scale = layer.fp8_meta["scaling_fwd"].scale.clone()
         assert not torch.all(scale == 1.0), "the FP8 step must have changed the scaling state"
-        dist_checkpointing.save(layer.sharded_state_dict(prefix="layer."), str(tmp_path))
+        dist_checkpointing.save(layer.sharded_state_dict(prefix="layer.", metadata=metadata), str(tmp_path))
 
         fresh = self._layer()
-        loaded = dist_checkpointing.load(fresh.sharded_state_dict(prefix="layer."), str(tmp_path))
+        loaded = dist_checkpointing.load(fresh.sharded_state_dict(prefix="layer.", metadata=metadata), str(tmp_path))
         fresh.load_state_dict({k[len("layer."):]: v for k, v in loaded.items()})
         torch.testing.assert_close(fresh.weight, layer.weight, rtol=0, atol=0)
         torch.testing.assert_close(fresh.fp8_meta["scaling_fwd"].scale, scale, rtol=0, atol=0)

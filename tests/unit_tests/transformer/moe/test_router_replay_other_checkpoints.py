@@ -166,7 +166,8 @@ class TestRecomputeUnderFP8WithTransformerEngine:
             values.update(recompute_granularity="selective", recompute_modules=["moe"])
         config = TransformerConfig(**values)
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=4, moe_grouped_gemm=True)
-        return GPTModel(config, spec, vocab_size=128, max_sequence_length=32).cuda()
+        # Plain GPTModel (no Float16Module): cast every parameter, embeddings included.
+        return GPTModel(config, spec, vocab_size=128, max_sequence_length=32).cuda().bfloat16()
 
     @pytest.mark.parametrize("fp8_recipe", ["delayed", "tensorwise"])
     @pytest.mark.parametrize("recompute", ["full", "moe"])
