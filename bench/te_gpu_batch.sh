@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
+# Usage: bash bench/te_gpu_batch.sh STEP...   with STEP in: check, te-tests, suite, smoke, bench
+# Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD:/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+UP=.upstream/megatron_core-0.19.2
+TE_TESTS="tests/unit_tests/transformer/moe/test_router_replay_other_checkpoints.py
+ tests/unit_tests/dist_checkpointing/test_te_extra_state_checkpoint_gpu.py
+ tests/unit_tests/transformer/test_hyper_connection_te.py
+ tests/unit_tests/extensions/test_te_parallel_mode_tags.py
+ tests/unit_tests/transformer/moe/test_int4_fake_qat.py
+ tests/unit_tests/transformer/test_post_sublayer_norm.py
+ tests/unit_tests/transformer/test_multi_token_prediction_output_layer_detach.py"
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    check)
+      python3 -c "import torch, transformer_engine as te; from megatron.core.extensions import transformer_engine as x; print('torch', torch.__version__, 'TE', te.__version__, 'HAVE_TE', x.HAVE_TE, torch.cuda.get_device_name(0))" 2>&1 | grep -v JAX | tail -3 ;;
+    te-tests)
+      timeout ${TE_TESTS_TIMEOUT:-240} python3 -m pytest $TE_TESTS -m gpu -p no:cacheprovider -rA -q -x 2>&1 \
+        | tee "$OUT/te-tests.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Error" | tail -40 ;;
+    suite)
+      timeout ${SUITE_TIMEOUT:-480} bash tests/run_gpu_suite.sh 2>&1 | tee "$OUT/gpu-suite.log" \
+        | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40 ;;
+    smoke)
+      timeout ${SMOKE_TIMEOUT:-150} python3 bench/te_bench.py --upstream $UP --layers 2 --hidden 256 --heads 4 \
+        --seq 256 --batch 2 --vocab 1024 --steps 2 --rounds 1 --warmup-max 4 --log-dir /tmp/smoke \
+        --json "$OUT/smoke.json" 2>&1 | tail -25
+      ;;
+    bench)
+      timeout ${BENCH_TIMEOUT:-540} python3 bench/te_bench.py --upstream $UP --rounds ${ROUNDS:-10} --steps ${STEPS:-8} \
+        --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
+        | tee "$OUT/te-bench.log" | tail -45
+      cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
+  esac
+done
