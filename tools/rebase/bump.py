@@ -39,6 +39,7 @@ from tools.rebase.materialize import local_edits, materialize
 from tools.rebase.testrun import COULD_NOT_RUN
 from tools.rebase.pin import Pin, load_pin, parse_spec, pin_from_table
 from tools.rebase.report import build_report, reverse_applies, write_report
+from tools.rebase.safefs import write_file
 from tools.rebase.source import download_sdist, import_base, resolve_git_ref, sha256_file
 from tools.rebase.stack import chain_log, commit_message, prefetch_export
 
@@ -844,7 +845,7 @@ class Bump:
         # before the report files are written, and on an error too).
         with ThreadPoolExecutor(max_workers=1) as pool:
             report_job = pool.submit(report_from_record, work, record)
-            layout.pin.write_text(j.new_pin)
+            write_file(layout.root, layout.pin, j.new_pin)
             self.hook("after-pin")
             _to_branch(work, j.tip)
             patches = _export(layout, j.new_base, j.tip)
@@ -858,8 +859,7 @@ class Bump:
             git("update-ref", "--stdin", cwd=work,
                 input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
             last = jr.last_bump_dir(layout)
-            last.mkdir(parents=True, exist_ok=True)
-            (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            write_file(layout.root, last / "record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
             data = report_job.result()
         write_report(data, layout.report_md, layout.report_json)
         self.hook("after-report")

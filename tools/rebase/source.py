@@ -6,6 +6,7 @@ git sources the real upstream history is fetched too (``refs/upstream-history/<c
 reports can name the upstream commits that touched our files.
 """
 
+import contextlib
 import hashlib
 import os
 import re
@@ -54,102 +55,119 @@ def _tail_lines(text: str, limit: int = 2000) -> str:
     return "\n".join(reversed(kept))
 
 
-_REPORTED_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+def _pick(package: str, version: str, sha256: str) -> tuple:
+    """``(url, sha256)`` of the sdist on pip's configured sources: with ``sha256``, the one that
+    serves it (or serves no hash: checked while downloading); without, the only one served."""
+    from tools.rebase import simpleindex
 
-
-def _pip_download(package: str, version: str, sha256: str, dest: Path):
-    """Run pip in hash-checking mode for exactly this sdist; return the CompletedProcess.
-
-    ``--require-hashes`` makes pip check the archive against ``sha256`` right after the download
-    and stop on a mismatch before it prepares the sdist's metadata (which runs its build code).
-    With an empty ``sha256`` pip only reports the hash the index serves and runs nothing.
-    ``--no-binary`` names this one package, so build tools still come as wheels.
-    """
-    requirement = f"{package}=={version}" + (f" --hash=sha256:{sha256}" if sha256 else "")
-    (dest / "requirements.txt").write_text(requirement + "\n")
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-        f"--no-binary={package}", "--ignore-requires-python", "--disable-pip-version-check",
-        "--progress-bar=off", "-d", str(dest / "out"), "-r", str(dest / "requirements.txt"),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    found = simpleindex.candidates(package, version)
+    if sha256:
+        matching = [(url, served) for url, served in found if served in (sha256, "")]
+        if not matching:
+            raise RebaseError(f"could not download the sdist of {package}=={version} (expected sha256 "
+                              f"{sha256}); nothing from it was run or cached: the index serves sha256 "
+                              f"{', '.join(sorted({s for _, s in found}))}")
+        return matching[0][0], sha256
+    served = sorted({s for _, s in found if s})
+    if len(served) > 1:
+        raise RebaseError(f"the indexes serve {len(served)} different sdists of {package}=={version} "
+                          f"(sha256 {', '.join(served)}); pin one by hand")
+    return found[0][0], served[0] if served else ""
 
 
 def index_sha256(package: str, version: str, tmp: Path) -> str:
-    """The sha256 of the sdist the configured index serves now (for a bump, which has no pin yet)."""
-    proc = _pip_download(package, version, "", tmp)
-    found = _REPORTED_HASH.findall(proc.stdout + proc.stderr)
-    if not found:
-        raise RebaseError(f"could not find the sdist of {package}=={version} with pip:\n"
-                          f"{_tail_lines(proc.stderr or proc.stdout)}")
-    return found[-1]
+    """The sha256 of the sdist the configured index serves now (for a bump, which has no pin yet);
+    a source that serves no hash (a local find-links folder) is hashed by reading it."""
+    from tools.rebase import simpleindex
+
+    url, sha = _pick(package, version, "")
+    if sha:
+        return sha
+    path, sha, _ = simpleindex.download(url, "", Path(tmp))
+    path.unlink()
+    return sha
 
 
 def download_sdist(cache: Path, package: str, version: str, sha256: str = "", log=None) -> Path:
-    """Download ``package==version`` as an sdist with pip (the configured index) into the cache.
+    """Download ``package==version`` as an sdist from pip's configured index into the cache.
 
-    pip verifies ``sha256`` before anything from the archive runs; without one (``bump --onto
-    pypi:...``) the hash the index serves is taken on first use and then enforced the same way.
-    A cached archive is re-hashed by the caller on every use.
+    No pip command and no build step: the file is found through the index's simple API, streamed
+    into a file created exclusively in the cache folder and hashed while it arrives; only a
+    matching archive is renamed into place. Without ``sha256`` (``bump --onto pypi:...``) the hash
+    the index serves is taken and enforced the same way. The caller re-hashes on every use.
     """
+    from tools.rebase import simpleindex
+    from tools.rebase.safefs import makedirs
+
     log = log or (lambda msg: print(msg, file=sys.stderr))
     target = sdist_path(cache, package, version)
-    if target.is_file():
+    if target.is_file() and not target.is_symlink():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        tmp = Path(tmp)
-        if not sha256:
-            sha256 = index_sha256(package, version, tmp)
-        log(f"downloading the sdist of {package}=={version} (sha256 {sha256[:12]}..., checked by pip "
-            f"before anything in it runs) into {target.parent}")
-        started = time.monotonic()
-        proc = _pip_download(package, version, sha256, tmp)
-        found = sorted((tmp / "out").glob("*.tar.gz")) if (tmp / "out").is_dir() else []
-        if proc.returncode != 0 or len(found) != 1:
-            raise RebaseError(
-                f"could not download the sdist of {package}=={version} with pip "
-                f"(expected sha256 {sha256}); nothing from it was run or cached:\n"
-                f"{_tail_lines(proc.stderr or proc.stdout)}"
-            )
-        actual = sha256_file(found[0])
-        if actual != sha256:
-            raise RebaseError(f"pip returned {found[0].name} with sha256 {actual}, not {sha256}; "
-                              f"nothing was cached")
-        size = found[0].stat().st_size
-        os.replace(found[0], target)
+    makedirs(cache, target.parent)
+    url, sha256 = _pick(package, version, sha256)
+    log(f"downloading the sdist of {package}=={version} (sha256 {sha256[:12] or '(taken now)'}..., "
+        f"checked while it streams; nothing in it runs) into {target.parent}")
+    started = time.monotonic()
+    try:
+        part, actual, size = simpleindex.download(url, sha256, target.parent)
+    except RebaseError as exc:
+        raise RebaseError(f"could not download the sdist of {package}=={version} (expected sha256 "
+                          f"{sha256 or 'any'}); nothing from it was run or cached:\n{exc}") from None
+    os.replace(part, target)
     log(f"downloaded {target.name} ({size:,} bytes in {time.monotonic() - started:.1f} s, sha256 "
         f"verified) to {target}")
     return target
 
 
 def fetch_verified_sdist(cache: Path, pin: Pin) -> Path:
-    """The pinned sdist from the cache (downloading it when absent), its full sha256 checked now."""
+    """The pinned sdist from the cache (downloading it when absent), its full sha256 checked now.
+    (Extraction uses ``open_verified_sdist``: it hashes and reads one open file.)"""
+    with open_verified_sdist(cache, pin):
+        return sdist_path(cache, pin.package, pin.version)
+
+
+@contextlib.contextmanager
+def open_verified_sdist(cache: Path, pin: Pin):
+    """The cached sdist as one open file (never through a link) whose bytes were hashed from this
+    very descriptor: a file swapped in after the check is never the one extracted."""
+    from tools.rebase.safefs import open_nofollow
+
     path = download_sdist(cache, pin.package, pin.version, pin.sha256)
-    actual = sha256_file(path)
-    if actual != pin.sha256:
-        raise RebaseError(
-            f"checksum mismatch for {pin.package}=={pin.version}: the pin says sha256 "
-            f"{pin.sha256} but {path} has {actual}; nothing was applied "
-            f"(delete the cached file to download it again)"
-        )
-    return path
+    fh = os.fdopen(open_nofollow(path, os.O_RDONLY), "rb")
+    try:
+        h = hashlib.sha256()
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+        actual = h.hexdigest()
+        if actual != pin.sha256:
+            raise RebaseError(
+                f"checksum mismatch for {pin.package}=={pin.version}: the pin says sha256 "
+                f"{pin.sha256} but {path} has {actual}; nothing was applied "
+                f"(delete the cached file to download it again)"
+            )
+        fh.seek(0)
+        yield fh
+    finally:
+        fh.close()
 
 
-def _extract_sdist(archive: Path, dest: Path) -> tuple[Path, int]:
-    """Extract safely; return the sdist's top directory and its newest member mtime."""
+def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
+    """Extract safely; return the sdist's top directory and its newest member mtime. ``archive``
+    is a path or an open file (``open_verified_sdist``)."""
     newest = 0
-    with tarfile.open(archive) as tar:
+    opened = tarfile.open(fileobj=archive, mode="r:*") if hasattr(archive, "read") else tarfile.open(archive)
+    label = label or archive
+    with opened as tar:
         members = tar.getmembers()
         for m in members:
             name = Path(m.name)
             if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):
-                raise RebaseError(f"{archive}: refusing unsafe member {m.name!r}")
+                raise RebaseError(f"{label}: refusing unsafe member {m.name!r}")
             newest = max(newest, int(m.mtime))
         tar.extractall(dest, filter="data")
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1:
-        raise RebaseError(f"{archive}: expected one top-level directory, found {len(tops)}")
+        raise RebaseError(f"{label}: expected one top-level directory, found {len(tops)}")
     top = tops[0]
     for name in _SDIST_SKIP:
         (top / name).unlink(missing_ok=True)
@@ -159,9 +177,15 @@ def _extract_sdist(archive: Path, dest: Path) -> tuple[Path, int]:
 
 
 def ensure_work_repo(work: Path):
-    if not (work / ".git").exists():
-        work.mkdir(parents=True, exist_ok=True)
+    """The work repo, created when absent (or when its ``.git`` lost its HEAD to a kill), with the
+    tool's attributes pinned over any a tree could carry."""
+    from tools.rebase.gitcmd import pin_attributes
+    from tools.rebase.safefs import makedirs
+
+    if not (work / ".git" / "HEAD").is_file():
+        makedirs(work.parent.parent, work)
         git("init", "-q", "-b", "patched", cwd=work)
+    pin_attributes(work / ".git")
 
 
 def base_tag(pin: Pin) -> str:
@@ -177,9 +201,8 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     if existing and _records(existing[2], pin):
         return existing[0]
     if pin.kind == "pypi":
-        archive = fetch_verified_sdist(cache, pin)
-        with tempfile.TemporaryDirectory() as tmp:
-            top, mtime = _extract_sdist(archive, Path(tmp))
+        with open_verified_sdist(cache, pin) as archive, tempfile.TemporaryDirectory() as tmp:
+            top, mtime = _extract_sdist(archive, Path(tmp), sdist_path(cache, pin.package, pin.version))
             tree = _write_tree(work, top)
         message = f"Upstream {pin.package} {pin.version}\n\nsdist sha256: {pin.sha256}\n"
         commit = _commit_tree(work, tree, message, mtime)
@@ -225,13 +248,60 @@ def _commit_tree(work: Path, tree: str, message: str, when: int) -> str:
     return git("commit-tree", tree, "-m", message, cwd=work, env=env).strip()
 
 
-def _git_cache(cache: Path, url: str) -> Path:
+MIRROR_MARKER = "megatron-rebase-mirror"  # written by the tool into every cache repo it creates
+
+
+def _owned_mirror(repo: Path) -> bool:
+    """A cache repo the tool created: a real folder holding the marker, both owned by this user."""
+    marker = repo / MIRROR_MARKER
+    try:
+        st_repo, st_marker = os.lstat(repo), os.lstat(marker)
+    except FileNotFoundError:
+        return False
+    import stat as _stat
+
+    return (_stat.S_ISDIR(st_repo.st_mode) and _stat.S_ISREG(st_marker.st_mode)
+            and st_repo.st_uid == st_marker.st_uid == os.getuid())
+
+
+@contextlib.contextmanager
+def _git_cache(cache: Path, url: str):
+    """The cache repo of ``url``, locked for this process (two cold applies share one key).
+
+    It is made whole in a private folder (bare init, pinned attributes, the marker) and renamed
+    into place, so a kill never leaves a half-made one. A folder at its name that the tool did not
+    make is refused (another user's, or one a checkout committed, could carry hooks or config);
+    an empty one (left by older versions killed mid-init) is taken as absent."""
+    import fcntl
+
+    from tools.rebase.gitcmd import pin_attributes
+    from tools.rebase.safefs import makedirs, open_nofollow
+
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
-    repo = cache / "git" / f"{key}.git"
-    if not repo.exists():
-        repo.mkdir(parents=True)
-        git("init", "-q", "--bare", cwd=repo)
-    return repo
+    folder = makedirs(cache, Path(cache) / "git")
+    repo = folder / f"{key}.git"
+    fd = open_nofollow(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if repo.is_dir() and not repo.is_symlink() and not any(repo.iterdir()):
+            repo.rmdir()
+        if not (repo.exists() or repo.is_symlink()):
+            staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder))
+            try:
+                git("init", "-q", "--bare", staging, cwd=folder)
+                pin_attributes(staging)
+                (staging / MIRROR_MARKER).write_text(f"{url}\n")
+                os.rename(staging, repo)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        if not _owned_mirror(repo):
+            raise RebaseError(f"{repo}: this cache repository was not created by tools.rebase for you "
+                              f"(no {MIRROR_MARKER} marker owned by uid {os.getuid()}, or a link); "
+                              f"it is not used. Remove it and run again.")
+        yield repo
+    finally:
+        os.close(fd)
 
 
 # Canonical URL -> local git repository holding its objects (``bump --mirror PATH``): objects are
@@ -286,15 +356,15 @@ def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     """Fetch ``ref`` from ``url`` into the cache mirror and return its full commit id."""
     names.git_url(url, "git source")
     names.git_ref(ref, f"git source {url}")
-    mirror = _git_cache(cache, url)
-    _borrow(mirror, _local_objects(url))
-    proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
-    if proc.returncode != 0:
-        raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
-    commit = rev_parse(mirror, "FETCH_HEAD")
-    if not commit:
-        raise RebaseError(f"{url}: {ref!r} does not name a commit")
-    git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
+    with _git_cache(cache, url) as mirror:
+        _borrow(mirror, _local_objects(url))
+        proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
+        if proc.returncode != 0:
+            raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
+        commit = rev_parse(mirror, "FETCH_HEAD")
+        if not commit:
+            raise RebaseError(f"{url}: {ref!r} does not name a commit")
+        git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
     return commit
 
 
@@ -302,17 +372,18 @@ def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
     """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists."""
     if not rev_parse(work, commit):
         names.git_url(url, "git source")
-        mirror = _git_cache(cache, url)
-        local_objects = _local_objects(url)
-        _borrow(mirror, local_objects)
-        _borrow(work / ".git", local_objects)
-        if not rev_parse(mirror, commit):
-            proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
-            if proc.returncode != 0 or not rev_parse(mirror, commit):
-                raise RebaseError(
-                    f"could not fetch commit {commit} from {url}: {proc.stderr.strip() or 'not found'}"
-                )
-            git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
-        git("fetch", "-q", "--no-tags", "--", str(mirror), f"+{commit}:refs/upstream-history/{commit}", cwd=work)
+        with _git_cache(cache, url) as mirror:
+            local_objects = _local_objects(url)
+            _borrow(mirror, local_objects)
+            _borrow(work / ".git", local_objects)
+            if not rev_parse(mirror, commit):
+                proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
+                if proc.returncode != 0 or not rev_parse(mirror, commit):
+                    raise RebaseError(
+                        f"could not fetch commit {commit} from {url}: {proc.stderr.strip() or 'not found'}"
+                    )
+                git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
+            git("fetch", "-q", "--no-tags", "--", str(mirror), f"+{commit}:refs/upstream-history/{commit}",
+                cwd=work)
     git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=work)
     return commit
