@@ -50,6 +50,8 @@ def test_a_committed_cache_repo_with_hooks_is_refused_and_no_hook_runs(tmp_path)
         repo = pr / ".rebase" / "cache" / "git" / f"{key}.git"
         repo.mkdir(parents=True)
         sh("git", "init", "-q", "--bare", str(repo), cwd=pr)
+        for keep in ("objects/pack/.keep", "refs/heads/.keep", "refs/tags/.keep"):  # git commits no empty folder
+            (repo / keep).write_text("")
         for hook in ("reference-transaction", "post-checkout", "post-commit", "applypatch-msg"):
             (repo / "hooks" / hook).write_text(f"#!/bin/sh\necho ran >> {marker}\n")
             (repo / "hooks" / hook).chmod(0o755)
