@@ -14,7 +14,7 @@ from tests.tools.bumpkit import sh
 from tests.tools.hostile import committed_fork, pull_request, tool
 
 
-def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilcore") -> tuple:
+def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilcore", mtime=1_700_000_000) -> tuple:
     """``name``-1.0.tar.gz whose setup.py and in-tree build backend write ``marker`` when run."""
     trap = f"open({str(marker)!r}, 'a').write('ran\\n')\n"
     files = {
@@ -31,7 +31,7 @@ def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilco
         for rel, text in files.items():
             data = text.encode()
             info = tarfile.TarInfo(f"{name}-1.0/{rel}")
-            info.size, info.mtime = len(data), 1_700_000_000
+            info.size, info.mtime = len(data), mtime
             tar.addfile(info, io.BytesIO(data))
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -121,3 +121,26 @@ def test_the_extracted_archive_is_the_hashed_one_even_if_the_cache_file_is_swapp
     work = tmp_path / "work"
     base = source.import_base(work, cache, Pin("pypi", package="evilcore", version="1.0", sha256=sha))
     assert "MINOR = 1\n" in sh("git", "show", f"{base}:megatron/core/package_info.py", cwd=work)
+
+
+def test_an_sdist_dated_past_what_git_can_store_is_a_clean_error(tmp_path):
+    from tools.rebase import source
+    from tools.rebase.errors import RebaseError
+    from tools.rebase.pin import Pin
+
+    cache = tmp_path / "cache"
+    _, sha = booby_trapped_sdist(cache / "sdist", tmp_path / "M", mtime=2 ** 40)
+    with pytest.raises(RebaseError, match=r"evilcore-1.0.tar.gz: a member's mtime \(1099511627776\) is after"):
+        source.import_base(tmp_path / "work", cache, Pin("pypi", package="evilcore", version="1.0", sha256=sha))
+
+
+@pytest.mark.parametrize("rel, data, message", [
+    ("upstream.toml", b'[upstream]\nkind = "git"\n# \xff\xfe\n', "upstream.toml: not UTF-8"),
+    ("upstream.toml", b"x = " + b"[" * 100_000 + b"\n", "upstream.toml: not valid TOML"),
+    ("patches/series", b"0001-keep-alpha.patch\n\xff\n", "series: not UTF-8"),
+])
+def test_a_pin_or_series_that_is_not_utf8_or_nested_too_deeply_is_a_clean_error(tmp_path, rel, data, message):
+    ci = pull_request(committed_fork(tmp_path), tmp_path, lambda pr: (pr / rel).write_bytes(data))
+    proc = tool(ci, "check", cache=tmp_path / "cache")
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
