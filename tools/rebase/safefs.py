@@ -8,6 +8,7 @@ file with ``O_NOFOLLOW``, and replaces files through a temporary created exclusi
 """
 
 import ctypes
+import errno
 import os
 import stat
 import tempfile
@@ -53,7 +54,7 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
-        if exc.errno == 40 or (os.path.islink(path)):  # ELOOP
+        if exc.errno == errno.ELOOP or os.path.islink(path):
             raise RebaseError(f"{path}: is a symlink; the tool never opens its files through a link") from None
         raise
 
@@ -99,6 +100,6 @@ def exchange(a: Path, b: Path) -> bool:
     if fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the file system cannot exchange
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # this file system cannot exchange
         return False
     raise OSError(err, os.strerror(err), str(a))

@@ -314,6 +314,10 @@ def _check_diff(where, lines, start):
                 raise RebaseError(f"{where}:{i + 1}: unexpected line {what}: {line[:60]!r} (git am would "
                                   f"read {'it as a patch' if _PATCH_LIKE.match(line) else 'past it'}; "
                                   f"only format-patch's own lines may follow the message)")
+        if in_header and line == "":
+            in_header = False  # a header without hunks (a pure rename or mode change) ends here
+            i += 1
+            continue
         if in_header and not line.startswith("@@"):
             if line.startswith(("new file mode ", "new mode ", "old mode ", "deleted file mode ")):
                 _check_mode(where, i + 1, line)
