@@ -158,21 +158,3 @@ def test_a_cache_repo_copied_with_its_marker_is_refused(tmp_path):
         proc.stderr
     assert str(tmp_path / "copied" / "git") in proc.stderr
 
-
-def test_cold_applies_sharing_one_cache_all_succeed(tmp_path):
-    """Two ``pip install .`` of a git-pinned checkout at once share the cache's mirror of the
-    upstream: one lock per cache repo makes the second wait instead of racing its creation."""
-    import subprocess as sp
-    import sys
-
-    from tests.tools.hostile import REPO_ROOT
-
-    fork = committed_fork(tmp_path)
-    for round_ in range(3):
-        cache = tmp_path / f"cache-{round_}"
-        clones = [pull_request(fork, tmp_path, lambda pr: None, name=f"ci-{round_}-{i}") for i in range(3)]
-        env = dict(os.environ, FORK_REBASE_CACHE=str(cache))
-        procs = [sp.Popen([sys.executable, "-m", "tools.rebase", "-C", str(c), "apply"], cwd=REPO_ROOT, env=env,
-                          stdout=sp.PIPE, stderr=sp.PIPE, text=True) for c in clones]
-        results = [(p.wait(), p.stderr.read()) for p in procs]
-        assert all(code == 0 for code, _ in results), results
