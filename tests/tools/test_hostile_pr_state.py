@@ -142,19 +142,3 @@ def test_a_killed_applys_build_worktree_is_removed_by_the_next_apply(tmp_path):
     assert not list((ci / ".rebase").glob("build-*"))
     assert "build-killed" not in sh("git", "worktree", "list", cwd=ci / ".rebase" / "work")
 
-
-def test_a_cache_repo_copied_with_its_marker_is_refused(tmp_path):
-    """An unpacked archive (no git index to tell a committed file) can carry a whole cache repo,
-    marker included: the marker names the folder it was written in, so a copy is not the tool's."""
-    import shutil
-
-    fork = committed_fork(tmp_path)
-    ci = pull_request(fork, tmp_path, lambda pr: None)
-    assert tool(ci, "apply", cache=tmp_path / "cache").returncode == 0
-    shutil.copytree(tmp_path / "cache", tmp_path / "copied", symlinks=True)
-    shutil.rmtree(ci / ".rebase")
-    proc = tool(ci, "apply", cache=tmp_path / "copied")
-    assert proc.returncode != 0 and "this cache repository was not created by tools.rebase" in proc.stderr, \
-        proc.stderr
-    assert str(tmp_path / "copied" / "git") in proc.stderr
-

@@ -255,10 +255,8 @@ def _commit_tree(work: Path, tree: str, message: str, when: int) -> str:
 MIRROR_MARKER = "megatron-rebase-mirror"  # written by the tool into every cache repo it creates
 
 
-def _marker_text(url: str, folder_stat) -> str:
-    """The marker names the folder's device and inode at creation (a rename keeps them): a copy,
-    an unpacked archive or a committed folder holding a marker has other ones."""
-    return f"created by tools.rebase for {url}\nfolder {folder_stat.st_dev}:{folder_stat.st_ino}\n"
+def _marker_text(url: str) -> str:
+    return f"created by tools.rebase for {url}\n"
 
 
 def _owned_mirror(repo: Path, url: str) -> bool:
@@ -272,7 +270,7 @@ def _owned_mirror(repo: Path, url: str) -> bool:
     except (FileNotFoundError, UnicodeDecodeError):
         return False
     return (_stat.S_ISDIR(st_repo.st_mode) and st_repo.st_uid == st_marker.st_uid == os.getuid()
-            and text == _marker_text(url, st_repo))
+            and text == _marker_text(url))
 
 
 @contextlib.contextmanager
@@ -281,8 +279,7 @@ def _git_cache(cache: Path, url: str):
 
     It is made whole in a private folder (bare init, pinned attributes, the marker) and renamed
     into place, so a kill never leaves a half-made one. A folder at its name that the tool did not
-    make is refused (another user's, a copied one, or one a checkout committed, could carry hooks or
-    config);
+    make is refused (another user's, or one a checkout committed, could carry hooks or config);
     an empty one (left by older versions killed mid-init) is taken as absent."""
     import fcntl
 
@@ -302,7 +299,7 @@ def _git_cache(cache: Path, url: str):
             try:
                 git("init", "-q", "--bare", staging, cwd=folder)
                 pin_attributes(staging)
-                (staging / MIRROR_MARKER).write_text(_marker_text(url, os.lstat(staging)))
+                (staging / MIRROR_MARKER).write_text(_marker_text(url))
                 os.rename(staging, repo)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
