@@ -4,6 +4,11 @@ The package is not committed: building first materializes it (pinned upstream + 
 with ``python -m tools.rebase apply``, which is a fast no-op when ``megatron/`` is current. The
 version is upstream's plus a PEP 440 local label naming the stack (e.g. ``0.19.2+rl.20.243f0da1``),
 so anything that depends on ``megatron-core`` resolves to the fork.
+
+``MEGATRON_FORK_SKIP_APPLY=1`` skips the apply when ``megatron/`` exists (a read-only checkout that
+is already materialized, or a build that prepared it itself); the package is then that folder as
+it is. This file is code of the checkout (see README, "Security model"): CI runs the pull
+request's own copy of it.
 """
 
 import os

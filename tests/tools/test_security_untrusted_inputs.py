@@ -166,6 +166,12 @@ def _pypi_pin(fork, sha256: str):
         f'[upstream]\nkind = "pypi"\npackage = "fake-pkg"\nversion = "1.0"\nsha256 = "{sha256}"\n')
 
 
+@pytest.fixture(autouse=True)
+def allow_test_packages(monkeypatch):
+    """These tests pin synthetic sdists (fake-pkg, p): a maintainer's allowance, from the environment."""
+    monkeypatch.setenv("FORK_REBASE_ALLOW_PACKAGE", "fake-pkg,p")
+
+
 @pytest.fixture
 def local_index(tmp_path, monkeypatch):
     """pip sees only a find-links folder (no configured index, no cache)."""
@@ -493,8 +499,8 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
     monkeypatch.setattr(source, "MIRRORS", {})
     source.use_mirror(url, fork.upstream)
     source.resolve_git_ref(tmp_path / "cache", url, "v1")
-    mirror = source._git_cache(tmp_path / "cache", url)
-    assert _git("--git-dir", mirror, "cat-file", "-e", outside, cwd=tmp_path).returncode == 0
+    with source._git_cache(tmp_path / "cache", url) as mirror:
+        assert _git("--git-dir", mirror, "cat-file", "-e", outside, cwd=tmp_path).returncode == 0
 
 
 # ---------------------------------------------------------------- patches/proof.json is data from a PR

@@ -4,6 +4,11 @@ An installed copy of the tool (from ``pip install .``) can be older than the che
 is working in. When started inside a checkout that carries its own ``tools/rebase``, the launcher
 hands over to that copy, so the command behaves the same from any directory of the checkout
 (``.rebase/work``, ``tests/``, ...) whether or not the tool was installed.
+
+Handing over runs the checkout's code, so it happens only for a git checkout of this project (its
+root commit is this project's, ``PROJECT_ROOT_COMMIT``), and the launcher says which copy runs. A
+downloaded folder that merely holds ``upstream.toml`` and ``tools/rebase/cli.py`` is treated as
+data: the installed copy runs on it.
 """
 
 import os
@@ -13,6 +18,9 @@ from pathlib import Path
 
 _HANDED_OVER = "MEGATRON_REBASE_IN_CHECKOUT"
 _PIN_FILE = "upstream.toml"
+# The first commit of this project's history; a checkout of the project (any branch, any fork of it)
+# has it as its root commit.
+PROJECT_ROOT_COMMIT = "1427901c8608f1c19152dc5d8f2f86e546845e97"
 
 
 def checkout_root(start: Path):
@@ -27,13 +35,30 @@ def own_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def is_project_checkout(root: Path) -> bool:
+    """A git checkout whose history starts at this project's root commit (hermetic git)."""
+    if not (root / ".git").exists():
+        return False
+    from tools.rebase.git.gitcmd import git_proc
+
+    proc = git_proc("rev-list", "--max-parents=0", "HEAD", "--", cwd=root)
+    return proc.returncode == 0 and PROJECT_ROOT_COMMIT in proc.stdout.split()
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     root = checkout_root(Path.cwd().resolve())
     if root is not None and root != own_root() and not os.environ.get(_HANDED_OVER):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-        env[_HANDED_OVER] = "1"
-        return subprocess.call([sys.executable, "-m", "tools.rebase", *argv], env=env)
+        if not is_project_checkout(root):
+            print(f"megatron-rebase: {root} is not a git checkout of this project (its root commit is not "
+                  f"{PROJECT_ROOT_COMMIT[:12]}): its tools/ is not run; the installed tool at {own_root()} "
+                  f"runs on it", file=sys.stderr)
+        else:
+            print(f"megatron-rebase: running the checkout's own tool, {root / 'tools' / 'rebase'} "
+                  f"(the installed one at {own_root()} hands over)", file=sys.stderr)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+            env[_HANDED_OVER] = "1"
+            return subprocess.call([sys.executable, "-m", "tools.rebase", *argv], env=env)
     from tools.rebase.cli import main as cli_main
 
     return cli_main(argv)

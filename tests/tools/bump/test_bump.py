@@ -265,7 +265,8 @@ def _killed_bump(fork, cache, point):
         hook_file.parent.mkdir(exist_ok=True)
         hook_file.write_text(GIT_KILL_HOOK)
         hook_file.chmod(0o755)
-        env.update(KILL_AFTER=point[4:], KILL_COUNT=str(fork.root.parent / "kill-count"))
+        env.update(KILL_AFTER=point[4:], KILL_COUNT=str(fork.root.parent / "kill-count"),
+                   FORK_REBASE_GIT_HOOKS=str(hook_file.parent))  # the tool runs no hooks unless told
     script = KILL_SCRIPT.format(repo=str(REPO_ROOT), point=point, root=str(fork.root),
                                 spec=f"git:{fork.upstream}@v2")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)

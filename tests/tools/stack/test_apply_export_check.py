@@ -183,7 +183,8 @@ def test_check_catches_missing_trailers(fork):
     assert problems == ["patches/0001-alpha-seven.patch: missing 'Upstream-Status:' trailer"]
 
 
-def test_check_catches_checksum_mismatch(fork, tmp_path):
+def test_check_catches_checksum_mismatch(fork, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORK_REBASE_ALLOW_PACKAGE", "fake-pkg")
     # A pypi pin whose cached sdist does not match the recorded sha256.
     cache = Path(os.environ["FORK_REBASE_CACHE"]) / "sdist"
     cache.mkdir(parents=True)

@@ -13,6 +13,7 @@ from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _describe, _to_branch, canonical_chain
 from tools.rebase.bump.prepare import _base_label, _pin_from_toml
 from tools.rebase.git.gitcmd import git
+from tools.rebase.git.safefs import write_file
 from tools.rebase.report.report import build_report, write_report
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.stack import prefetch_export
@@ -73,7 +74,7 @@ class FinishPhase:
         # before the report files are written, and on an error too).
         with ThreadPoolExecutor(max_workers=1) as pool:
             report_job = pool.submit(report_from_record, work, record)
-            layout.pin.write_text(j.new_pin)
+            write_file(layout.root, layout.pin, j.new_pin)
             self.hook("after-pin")
             _to_branch(work, j.tip)
             patches = _export(layout, j.new_base, j.tip)
@@ -87,8 +88,7 @@ class FinishPhase:
             git("update-ref", "--stdin", cwd=work,
                 input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")
             last = jr.last_bump_dir(layout)
-            last.mkdir(parents=True, exist_ok=True)
-            (last / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            write_file(layout.root, last / "record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
             data = report_job.result()
         write_report(data, layout.report_md, layout.report_json)
         self.hook("after-report")

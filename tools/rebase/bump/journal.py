@@ -252,9 +252,9 @@ def _saved_paths(layout):
 
 def _write_atomic(path: Path, text: str) -> None:
     # Written whole, then renamed: a kill leaves either the old or the new file, never a mix.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from tools.rebase.git.safefs import write_file
+
+    write_file(path.parent, path, text)  # exclusive random temporary, never through a link
 
 
 def load(layout) -> Journal | None:

@@ -22,7 +22,10 @@ _PINNED_CONFIG = {
     "core.quotePath": "true",
     # Files and programs git would otherwise pick up from the user's home: a personal ignore file
     # hides untracked work from the clean checks, fsmonitor runs a program, and remote helpers like
-    # ext:: run commands named in a URL. (Hooks of the tool's own work repo stay: tests use them.)
+    # ext:: run commands named in a URL. Hooks never run: a repository the tool did not fill itself
+    # (a committed cache repo) would otherwise run its hooks/ (HOOKS_ENV, set by whoever starts
+    # the tool, names a hooks folder for tests).
+    "core.hooksPath": "/nonexistent/megatron-rebase-hooks",
     "core.excludesFile": os.devnull,
     "core.fsmonitor": "false",
     "protocol.ext.allow": "never",
@@ -51,6 +54,52 @@ _PINNED_CONFIG = {
 }
 
 
+HOOKS_ENV = "FORK_REBASE_GIT_HOOKS"
+
+# Highest-precedence attributes of every tool-owned repository ($GIT_DIR/info/attributes): they
+# override every attribute a tree's own .gitattributes could set, so an in-tree file cannot turn a
+# file binary for diff/format-patch, pick a textconv or diff driver, a clean/smudge filter, an
+# eol conversion or a merge driver (merge=union would hide conflicts). Then the tool's own file.
+NEUTRAL_ATTRIBUTES = (
+    "* !text !eol !crlf !filter !ident !diff !merge !whitespace !conflict-marker-size "
+    "!working-tree-encoding !export-ignore !export-subst !delta !encoding\n"
+)
+
+
+def pin_attributes(git_dir: Path) -> None:
+    """Write ``info/attributes`` of the repository at ``git_dir`` (idempotent, never via a link)."""
+    from tools.rebase.git.safefs import write_file
+
+    text = NEUTRAL_ATTRIBUTES + _ATTRIBUTES.read_text()
+    path = Path(git_dir) / "info" / "attributes"
+    try:
+        if not path.is_symlink() and path.read_text() == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_file(Path(git_dir), path, text)
+
+
+def _pinned_args():
+    args = []
+    for key, value in _PINNED_CONFIG.items():
+        if key == "core.hooksPath" and os.environ.get(HOOKS_ENV):
+            value = os.environ[HOOKS_ENV]
+        args += ["-c", f"{key}={value}"]
+    return args
+
+
+def _discovery_env(cwd) -> dict:
+    """Where ``cwd`` holds a ``.git``, git must use it or fail, never walk up to a repository
+    above (the checkout's own, when a work repo lost its ``.git`` contents)."""
+    try:
+        if (Path(cwd) / ".git").exists() or str(cwd).endswith(".git"):  # a work tree or a bare cache repo
+            return {"GIT_CEILING_DIRECTORIES": str(Path(cwd).resolve().parent)}
+    except OSError:
+        pass
+    return {}
+
+
 def hermetic_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(
@@ -71,14 +120,11 @@ def hermetic_env(extra=None):
 
 def git(*args, cwd, check=True, env=None, input=None, binary=False):
     """Run ``git args`` in ``cwd``; return stdout (str, or bytes when ``binary``)."""
-    cmd = ["git"]
-    for key, value in _PINNED_CONFIG.items():
-        cmd += ["-c", f"{key}={value}"]
-    cmd += [str(a) for a in args]
+    cmd = ["git", *_pinned_args(), *[str(a) for a in args]]
     proc = subprocess.run(
         cmd,
         cwd=str(cwd),
-        env=hermetic_env(env),
+        env=hermetic_env({**_discovery_env(cwd), **(env or {})}),
         input=input.encode() if isinstance(input, str) else input,
         capture_output=True,
     )
@@ -89,12 +135,10 @@ def git(*args, cwd, check=True, env=None, input=None, binary=False):
 
 def git_proc(*args, cwd, env=None, input=None):
     """Run git and return the CompletedProcess without raising (stdout/stderr as text)."""
-    cmd = ["git"]
-    for key, value in _PINNED_CONFIG.items():
-        cmd += ["-c", f"{key}={value}"]
-    cmd += [str(a) for a in args]
+    cmd = ["git", *_pinned_args(), *[str(a) for a in args]]
     return subprocess.run(
-        cmd, cwd=str(cwd), env=hermetic_env(env), input=input, capture_output=True, text=True
+        cmd, cwd=str(cwd), env=hermetic_env({**_discovery_env(cwd), **(env or {})}), input=input,
+        capture_output=True, text=True
     )
 
 
@@ -184,6 +228,7 @@ def init_borrowing(repo: Path, lender: Path, *init_args) -> bool:
     copied and nothing ``repo`` writes reaches ``lender``. False (a plain repo) when ``lender`` has
     no object store."""
     git("init", "-q", *init_args, cwd=repo)
+    pin_attributes(repo / ".git")
     objects = lender / ".git" / "objects"
     if not objects.is_dir():
         return False

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import makedirs, open_nofollow, read_nofollow
 
 WAIT_ENV = "FORK_REBASE_LOCK_WAIT"
 _held = {}  # lock path -> [fd, depth]
@@ -25,8 +26,8 @@ def lock_path(layout) -> Path:
 
 def _holder(path: Path) -> str:
     try:
-        text = path.read_text().strip()
-    except OSError:
+        text = read_nofollow(path).decode("utf-8", "replace").strip()
+    except (OSError, RebaseError):
         return "an unknown process"
     pid, _, command = text.partition(" ")
     if not pid.isdigit():
@@ -58,8 +59,8 @@ def locked(layout, command: str, wait: float = 0.0):
             _held[key][1] -= 1
         return
     layout.refuse_links()  # before .rebase/ is created or entered
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    makedirs(layout.root, path.parent)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a committed link would be truncated through
     deadline = time.monotonic() + _wait_seconds(wait)
     try:
         while True:

@@ -7,6 +7,9 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 
 PIN_FILE = "upstream.toml"
+STATE_DIR = ".rebase"
+# Entries of .rebase/ the tool creates; each must be a real file or folder.
+STATE_ENTRIES = ("lock", "state.json", "work", "work/.git", "cache", "bump", "last-bump")
 
 
 def find_root(start=None) -> Path:
@@ -49,7 +52,7 @@ class Layout:
 
     @property
     def state_dir(self) -> Path:
-        return self.root / ".rebase"
+        return self.root / STATE_DIR
 
     @property
     def bump_dir(self) -> Path:
@@ -91,9 +94,31 @@ class Layout:
         one would pull an outside file in. Refuse before anything is read or written."""
         owned = (self.pin, self.patches, self.state_dir, self.package, self.report_md, self.report_json)
         linked = [p.name for p in owned if p.is_symlink()]
+        linked += [f"{STATE_DIR}/{name}" for name in STATE_ENTRIES if (self.state_dir / name).is_symlink()]
         if linked:
             raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
                               f"and writes them in place); replace them with real files or folders")
+        self.refuse_tracked()
+
+    def refuse_tracked(self) -> None:
+        """``.rebase/`` is the tool's private state and ``megatron/`` its output: neither is ever
+        committed. A tracked file there came from a commit (a pull request), so the tool would take
+        it as its own lock, work repo, cache or journal: an error naming it, read from the
+        checkout's own index (hermetic git, nothing of the checkout's config runs)."""
+        if not (self.root / ".git").exists():
+            return  # not a git checkout (an unpacked archive): the writes refuse links themselves
+        from tools.rebase.git.gitcmd import git_proc
+
+        env = {"GIT_DIR": str(self.root / ".git"), "GIT_WORK_TREE": str(self.root)}
+        proc = git_proc("ls-files", "-z", "--", STATE_DIR, "megatron", cwd=self.root, env=env)
+        tracked = [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []
+        if tracked:
+            shown = ", ".join(tracked[:5]) + (f" and {len(tracked) - 5} more" if len(tracked) > 5 else "")
+            raise RebaseError(
+                f"{self.root}: {shown} {'is' if len(tracked) == 1 else 'are'} tracked by git, but "
+                f"{STATE_DIR}/ (the tool's state) and megatron/ (generated) are never committed: the "
+                f"tool would take a committed file there as its own. Remove it from the commit "
+                f"(git rm -r --cached -- {STATE_DIR} megatron); nothing was read or written")
 
 
 def layout(start=None) -> Layout:

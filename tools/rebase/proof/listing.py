@@ -70,6 +70,8 @@ def update_readme(layout) -> bool:
     _, _, tail = rest.partition(END)
     new = f"{head}{BEGIN}\n{patch_table(layout)}{END}{tail}"
     if new != text:
-        readme.write_text(new)
+        from tools.rebase.git.safefs import write_file
+
+        write_file(layout.root, readme, new)  # a committed README link is replaced, not written through
         return True
     return False

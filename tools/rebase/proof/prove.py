@@ -310,9 +310,9 @@ def write_record(layout, proofs: list, proved_digest: str) -> Path:
         "patches": [asdict(p) for p in proofs],
     }
     path = proof_path(layout)
-    tmp = path.with_name(PROOF_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from tools.rebase.git.safefs import write_file
+
+    write_file(layout.root, path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 
 

@@ -355,7 +355,7 @@ def write_report(data: dict, md_path: Path, json_path: Path = None) -> None:
         if path is None:
             continue
         path = Path(path)
+        from tools.rebase.git.safefs import write_file
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_file(path.parent, path, text)  # exclusive random temporary, never through a link

@@ -1,5 +1,6 @@
 """The upstream pin (``upstream.toml``): which base the series applies to, and how to verify it."""
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -8,6 +9,9 @@ from pathlib import Path
 from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 
+PACKAGE = "megatron-core"
+# Set by a maintainer (never read from the checkout): other package names a pin may name.
+ALLOW_PACKAGE_ENV = "FORK_REBASE_ALLOW_PACKAGE"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _PYPI_SPEC = re.compile(r"^pypi:(?P<package>[A-Za-z0-9._-]+)==(?P<version>[A-Za-z0-9.+!_-]+)$")
@@ -58,17 +62,37 @@ class Pin:
         return "\n".join(lines) + "\n"
 
 
+def allowed_package(name: str, where: str) -> str:
+    """The pin names ``megatron-core``: a pull request that points it at another project (with
+    that project's own hash) must not make CI fetch it. ``FORK_REBASE_ALLOW_PACKAGE=NAME[,NAME]``
+    in the environment lets a maintainer name another."""
+    extra = [n.strip() for n in os.environ.get(ALLOW_PACKAGE_ENV, "").split(",") if n.strip()]
+    if _canonical(name) not in {_canonical(n) for n in [PACKAGE, *extra]}:
+        raise RebaseError(f"{where}: package {name!r} is not {PACKAGE!r}; the fork is built on "
+                          f"{PACKAGE} only (a maintainer may allow another name with "
+                          f"{ALLOW_PACKAGE_ENV}={name} in the environment)")
+    return name
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def load_pin(path: Path) -> Pin:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise RebaseError(f"{path}: upstream pin file is missing") from None
+    except UnicodeDecodeError as exc:
+        raise RebaseError(f"{path}: not UTF-8 ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise RebaseError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise RebaseError(f"{path}: not valid TOML: nested too deeply") from None
     table = data.get("upstream")
     if not isinstance(table, dict):
         raise RebaseError(f"{path}: needs an [upstream] table")
@@ -85,8 +109,8 @@ def pin_from_table(table: dict, where: str) -> Pin:
         sha256 = table["sha256"]
         if not isinstance(sha256, str) or not _SHA256.match(sha256):
             raise RebaseError(f"{where}: sha256 must be a string of 64 lowercase hex digits, got {sha256!r}")
-        return Pin("pypi", package=names.package_name(table["package"], where),
-                   version=names.version(table["version"], where), sha256=sha256)
+        package, version = names.package_name(table["package"], where), names.version(table["version"], where)
+        return Pin("pypi", package=allowed_package(package, where), version=version, sha256=sha256)
     if kind == "git":
         missing = [k for k in ("url", "commit") if not table.get(k)]
         if missing:
@@ -111,7 +135,8 @@ def parse_spec(spec: str):
     where = f"--onto {spec!r}"
     m = _PYPI_SPEC.match(spec)
     if m:
-        return ("pypi", names.package_name(m["package"], where), names.version(m["version"], where))
+        package = allowed_package(names.package_name(m["package"], where), where)
+        return ("pypi", package, names.version(m["version"], where))
     if spec.startswith("git:"):
         body = spec[len("git:"):]
         url, sep, ref = body.rpartition("@")

@@ -47,7 +47,11 @@ def read_series(path: Path) -> Series:
     if not path.is_file():
         raise RebaseError(f"{path}: series file is missing")
     entries, pending = [], []
-    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RebaseError(f"{path}: not UTF-8 ({exc})") from None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         text = raw.strip()
         if not text or text.startswith("#"):
             pending.append(raw.rstrip())
@@ -203,7 +207,7 @@ def parse_patch(path: Path) -> PatchFile:
     body_start = i + 1
     diff_start = None
     for j in range(body_start, len(lines)):
-        if lines[j] == "---" or lines[j].startswith("diff --git "):
+        if _patch_break(lines[j]):
             diff_start = j
             break
     if diff_start is None:
@@ -219,13 +223,68 @@ def parse_patch(path: Path) -> PatchFile:
     return PatchFile(path, subject, message, trailers, files, added, removed)
 
 
+# Top-level files (outside megatron/) a patch may touch: none, since every patch of the series
+# changes the package only. A patch adding tools/, upstream.toml or setup.py to the work tree would
+# otherwise turn `python -m tools.rebase` run from .rebase/work into the patch's own code.
+TOP_LEVEL_FILES = ()
+PACKAGE_PREFIX = "megatron/"
+# Files that make git itself read configuration from the tree (attributes pick diff/merge
+# drivers and filters; .gitmodules names repositories to clone).
+_GIT_CONTROL = (".gitattributes", ".gitmodules")
+_EXTENDED_HEADER = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "similarity index ",
+                    "dissimilarity index ", "rename from ", "rename to ", "copy from ", "copy to ", "index ")
+# What git apply (inside git am) reads as a patch, wherever it appears after the message.
+_PATCH_LIKE = re.compile(r"^(--- |\+\+\+ |@@ |Index: |diff |\*\*\* |Binary files |GIT binary patch|"
+                         r"rename |copy |new file mode|deleted file mode|old mode|new mode|similarity index)")
+_ALLOWED_MODES = (0o100644, 0o100755)
+
+
+def _check_mode(where, lineno, line):
+    value = line.rsplit(" ", 1)[-1]
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise RebaseError(f"{where}:{lineno}: cannot read the file mode in {line!r}") from None
+    if mode == 0o120000:
+        raise RebaseError(f"{where}:{lineno}: refusing a symlink (mode 120000): the package must "
+                          f"not contain symlinks")
+    if mode == 0o160000:
+        raise RebaseError(f"{where}:{lineno}: refusing a gitlink (mode 160000, a submodule): the "
+                          f"package holds plain files only")
+    if mode not in _ALLOWED_MODES:
+        raise RebaseError(f"{where}:{lineno}: refusing file mode {value} (only 100644 and 100755)")
+
+
+def _check_target(where, lineno, path):
+    """A patch changes files of the package (and the named top-level files) only."""
+    if path == "/dev/null":
+        return
+    leaf = PurePosixPath(path).name.lower().rstrip(". ")
+    if leaf in _GIT_CONTROL:
+        raise RebaseError(f"{where}:{lineno}: refusing {path!r}: a patch must not add or change "
+                          f"{leaf} (git would take diff/merge drivers or submodules from it)")
+    if not path.startswith(PACKAGE_PREFIX) and path not in TOP_LEVEL_FILES:
+        allowed = f" or the top-level files {', '.join(TOP_LEVEL_FILES)}" if TOP_LEVEL_FILES else ""
+        raise RebaseError(f"{where}:{lineno}: refusing {path!r}: patches change files under "
+                          f"{PACKAGE_PREFIX}{allowed} only (the work tree's other files would be "
+                          f"code a command run there picks up)")
+
+
+def _patch_break(line: str) -> bool:
+    """Where git am's mailinfo ends the message and starts reading the patch."""
+    return (line.startswith(("diff -", "Index: ")) or re.match(r"^---\s*$", line) is not None
+            or re.match(r"^--- \S", line) is not None)
+
+
 def _check_diff(where, lines, start):
+    """Validate everything ``git am`` will apply from line ``start`` on: only ``diff --git``
+    sections with known header lines and hunks whose counts match; any other line that git apply
+    would take as (part of) a patch is an error, wherever it sits."""
     files, added, removed = [], 0, 0
-    i = start
+    i = start + (1 if lines[start] == "---" else 0)
     n = len(lines)
-    # Skip an optional diffstat between '---' and the first 'diff --git'.
-    while i < n and not lines[i].startswith("diff --git "):
-        i += 1
+    section = None  # (a, b) of the open diff --git section
+    in_header = False
     while i < n:
         line = lines[i]
         if line.startswith("diff --git "):
@@ -236,58 +295,91 @@ def _check_diff(where, lines, start):
             for p in (a, b):
                 if _unsafe_path(p):
                     raise RebaseError(f"{where}:{i + 1}: refusing path outside the tree: {p!r}")
+                _check_target(where, i + 1, p)
             files.append(b)
+            section, in_header = (a, b), True
             i += 1
             continue
-        if line.startswith(("new file mode 120000", "new mode 120000")) or (
-                line.startswith("index ") and line.endswith(" 120000")):
-            raise RebaseError(f"{where}:{i + 1}: refusing a symlink (mode 120000): the package must "
-                              f"not contain symlinks")
-        for key, prefix in (("--- ", "a/"), ("+++ ", "b/"), ("rename from ", ""), ("rename to ", ""),
-                            ("copy from ", ""), ("copy to ", "")):
-            if line.startswith(key):
-                p = _strip_prefix(line[len(key):].split("\t")[0], prefix)
+        if line.startswith(("Binary files ", "GIT binary patch")):
+            raise RebaseError(f"{where}:{i + 1}: refusing a binary change ({line[:60]!r}): its content "
+                              f"is not in the patch; the package holds text files only")
+        if section is None or not in_header:
+            if line.startswith("@@") and section is not None:
+                pass  # another hunk of the open section
+            elif line == "" or line.startswith("\\") or (section is None and not _PATCH_LIKE.match(line)):
+                i += 1  # a diffstat before the first file; git apply skips it
+                continue
+            else:
+                what = "before the first 'diff --git'" if section is None else "between two files"
+                raise RebaseError(f"{where}:{i + 1}: unexpected line {what}: {line[:60]!r} (git am would "
+                                  f"read {'it as a patch' if _PATCH_LIKE.match(line) else 'past it'}; "
+                                  f"only format-patch's own lines may follow the message)")
+        if in_header and line == "":
+            in_header = False  # a header without hunks (a pure rename or mode change) ends here
+            i += 1
+            continue
+        if in_header and not line.startswith("@@"):
+            if line.startswith(("new file mode ", "new mode ", "old mode ", "deleted file mode ")):
+                _check_mode(where, i + 1, line)
+            elif line.startswith("index ") and line.count(" ") == 2:
+                _check_mode(where, i + 1, line)
+            elif line.startswith(("--- ", "+++ ")):
+                prefix, expected = ("a/", section[0]) if line.startswith("-") else ("b/", section[1])
+                p = _strip_prefix(line[4:].split("\t")[0], prefix)
                 if _unsafe_path(p):
                     raise RebaseError(f"{where}:{i + 1}: refusing path outside the tree: {p!r}")
-        m = _HUNK.match(line)
-        if m:
-            old_len = int(m[2]) if m[2] is not None else 1
-            new_len = int(m[4]) if m[4] is not None else 1
-            header_line = i + 1
+                if p not in ("/dev/null", expected):
+                    raise RebaseError(f"{where}:{i + 1}: {line[:4]}names {p!r}, but its 'diff --git' "
+                                      f"line names {expected!r}")
+            elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+                p = _strip_prefix(line.split(" ", 2)[2], "")
+                if _unsafe_path(p):
+                    raise RebaseError(f"{where}:{i + 1}: refusing path outside the tree: {p!r}")
+                _check_target(where, i + 1, p)
+            elif not line.startswith(_EXTENDED_HEADER):
+                raise RebaseError(f"{where}:{i + 1}: unexpected line in the header of "
+                                  f"{section[1]!r}: {line[:60]!r}")
             i += 1
-            while old_len > 0 or new_len > 0:
-                if i >= n:
-                    raise RebaseError(
-                        f"{where}:{header_line}: hunk ends early (file ends with {old_len} old and "
-                        f"{new_len} new lines still expected)"
-                    )
-                h = lines[i]
-                tag = h[:1]
-                if tag == " " or (h == "" and i + 1 < n):
-                    old_len -= 1
-                    new_len -= 1
-                elif tag == "-":
-                    old_len -= 1
-                    removed += 1
-                elif tag == "+":
-                    new_len -= 1
-                    added += 1
-                elif tag == "\\":
-                    pass
-                else:
-                    raise RebaseError(
-                        f"{where}:{i + 1}: hunk starting at line {header_line} has "
-                        f"{old_len} old / {new_len} new lines missing before {h[:40]!r}"
-                    )
-                if old_len < 0 or new_len < 0:
-                    raise RebaseError(
-                        f"{where}:{header_line}: hunk line counts do not match its @@ header"
-                    )
-                i += 1
-            while i < n and lines[i].startswith("\\"):
-                i += 1
             continue
+        m = _HUNK.match(line)
+        if not m:
+            raise RebaseError(f"{where}:{i + 1}: malformed hunk header {line[:60]!r}")
+        in_header = False
+        old_len = int(m[2]) if m[2] is not None else 1
+        new_len = int(m[4]) if m[4] is not None else 1
+        header_line = i + 1
         i += 1
+        while old_len > 0 or new_len > 0:
+            if i >= n:
+                raise RebaseError(
+                    f"{where}:{header_line}: hunk ends early (file ends with {old_len} old and "
+                    f"{new_len} new lines still expected)"
+                )
+            h = lines[i]
+            tag = h[:1]
+            if tag == " " or (h == "" and i + 1 < n):
+                old_len -= 1
+                new_len -= 1
+            elif tag == "-":
+                old_len -= 1
+                removed += 1
+            elif tag == "+":
+                new_len -= 1
+                added += 1
+            elif tag == "\\":
+                pass
+            else:
+                raise RebaseError(
+                    f"{where}:{i + 1}: hunk starting at line {header_line} has "
+                    f"{old_len} old / {new_len} new lines missing before {h[:40]!r}"
+                )
+            if old_len < 0 or new_len < 0:
+                raise RebaseError(
+                    f"{where}:{header_line}: hunk line counts do not match its @@ header"
+                )
+            i += 1
+        while i < n and lines[i].startswith("\\"):
+            i += 1
     return files, added, removed
 
 

@@ -225,25 +225,55 @@ def _format_range(repo: Path, base: str, tip: str, count: int):
     return out
 
 
+def _owned_by_export(name: str) -> bool:
+    return name == "series" or name.endswith(".patch")
+
+
+def _holds_exactly(patches_dir: Path, wanted: dict) -> bool:
+    present = [p for p in patches_dir.iterdir() if _owned_by_export(p.name)]
+    if {p.name for p in present} != set(wanted):
+        return False
+    return all(not p.is_symlink() and p.is_file() and p.read_bytes() == wanted[p.name] for p in present)
+
+
 def write_patch_dir(patches_dir: Path, files: list, series_text: str) -> bool:
-    """Make ``patches_dir`` hold exactly ``files`` (+ series); return True if anything changed."""
+    """Make ``patches_dir`` hold exactly ``files`` (+ series); return True if anything changed.
+
+    The new folder is staged whole next to it (everything export does not own, such as
+    ``resolutions/`` and ``proof.json``, copied with links kept as links; every file created
+    exclusively, so a committed link is never written through) and switched in one atomic
+    exchange: a kill leaves the old series or the new one, never a mix of both."""
+    from tools.rebase.git.safefs import exchange
+
     wanted = dict(files)
-    changed = False
-    for name, data in files:
-        path = patches_dir / name
-        if not path.is_file() or path.read_bytes() != data:
-            tmp = path.with_suffix(".patch.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-            changed = True
-    for stale in patches_dir.glob("*.patch"):
-        if stale.name not in wanted:
-            stale.unlink()
-            changed = True
-    series = patches_dir / "series"
-    if not series.is_file() or series.read_text() != series_text:
-        tmp = series.with_name("series.tmp")
-        tmp.write_text(series_text)
-        os.replace(tmp, series)
-        changed = True
-    return changed
+    wanted["series"] = series_text.encode()
+    if _holds_exactly(patches_dir, wanted):
+        return False
+    parent, prefix = patches_dir.parent, f".{patches_dir.name}-export-"
+    for stale in parent.glob(prefix + "*"):  # left by a killed export (callers hold the lock)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
+    staged = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        for entry in patches_dir.iterdir():
+            if _owned_by_export(entry.name):
+                continue
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry), staged / entry.name)
+            elif entry.is_dir():
+                shutil.copytree(entry, staged / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, staged / entry.name, follow_symlinks=False)
+        for name, data in wanted.items():
+            fd = os.open(staged / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        os.chmod(staged, patches_dir.stat().st_mode & 0o7777)
+        if not exchange(staged, patches_dir):  # no atomic exchange here: two renames
+            old = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            os.rename(patches_dir, old / patches_dir.name)
+            os.rename(staged, patches_dir)
+            staged = old
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)  # after the switch it holds the old folder
+    return True

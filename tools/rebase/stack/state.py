@@ -6,6 +6,7 @@ import json
 import os
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import read_nofollow, write_file
 
 _KEYS = {"digest": str, "base": str, "tip": str, "pin": str, "version": str}
 
@@ -15,7 +16,7 @@ def read_state(layout, tolerate_corrupt: bool = False) -> dict:
     unexported work), unless ``tolerate_corrupt`` (``apply --force`` rebuilds it anyway)."""
     path = layout.state_file
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_nofollow(path))
     except FileNotFoundError:
         return {}
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -43,11 +44,8 @@ def _problem(data) -> str:
 
 
 def write_state(layout, **values) -> None:
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
     values.setdefault("patch_files", patch_files(layout))
-    tmp = layout.state_file.with_name(f"state.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, layout.state_file)
+    write_file(layout.root, layout.state_file, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def _series_entries(path) -> bytes:

@@ -74,6 +74,21 @@ def stamp_version(layout, work_tree: Path, digest: str, count: int) -> str:
     return fork_version(base, count, digest)
 
 
+def remove_stale_scratch(layout) -> None:
+    """Scratch folders of killed runs (build worktrees, tree copies, staged exports): the caller
+    holds the lock, so none is in use. Links are unlinked, never followed."""
+    found = False
+    for pattern in ("build-*", "tree-*", "export-*"):
+        for stale in layout.state_dir.glob(pattern):
+            found = True
+            if stale.is_symlink() or not stale.is_dir():
+                stale.unlink()
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
+    if found and (layout.work / ".git" / "HEAD").is_file():
+        git("worktree", "prune", cwd=layout.work, check=False)
+
+
 def apply(layout, force: bool = False, log=print) -> str:
     with locked(layout, "apply", wait=APPLY_LOCK_WAIT):
         return _apply(layout, force, log)
@@ -86,6 +101,7 @@ def _apply(layout, force: bool, log) -> str:
     digest = current_digest(layout, patches)
     state = read_state(layout, tolerate_corrupt=force)
     work = layout.work
+    remove_stale_scratch(layout)
     if (work / ".git").is_dir():
         from tools.rebase.git.gitlocks import clear_stale_locks
 

@@ -1,0 +1,50 @@
+"""Helpers of the hostile pull request tests (issue 22): a fork checkout committed as a maintainer
+would, a pull request that commits a payload in a scratch clone, and the clone CI makes of it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tools.bumpkit import commit_checkout, ignore_generated, make_fork, replace_line, sh
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
+STACK = [
+    ("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")}),
+    ("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")}),
+]
+
+
+def committed_fork(tmp_path: Path, stack=STACK, files=None):
+    """A fork checkout with ``stack`` exported and the whole checkout committed (megatron/ and
+    .rebase/ ignored, as in the real repository)."""
+    fork = make_fork(tmp_path, files=files)
+    fork.stack(stack)
+    ignore_generated(fork)
+    commit_checkout(fork, "fork")
+    return fork
+
+
+def pull_request(fork, tmp_path: Path, payload, name="ci") -> Path:
+    """Commit ``payload(clone)``'s files in a scratch clone of the fork (``git add -f``: a PR can
+    commit ignored paths), then clone that the way CI checks a pull request out; return the CI
+    clone."""
+    pr = tmp_path / f"{name}-pr"
+    sh("git", "clone", "-q", str(fork.root), str(pr), cwd=tmp_path)
+    payload(pr)
+    sh("git", "add", "-f", "-A", ".", cwd=pr)
+    sh("git", "commit", "-q", "--allow-empty", "-m", "hostile pull request", cwd=pr)
+    ci = tmp_path / name
+    sh("git", "clone", "-q", str(pr), str(ci), cwd=tmp_path)
+    return ci
+
+
+def tool(checkout: Path, *args, env=None, cache=None):
+    """Run ``python -m tools.rebase -C checkout ARGS`` as CI would (this repository's tool)."""
+    full = {k: v for k, v in os.environ.items() if k not in ("FORK_REBASE_CACHE", "MEGATRON_REBASE_IN_CHECKOUT")}
+    if cache is not None:
+        full["FORK_REBASE_CACHE"] = str(cache)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(checkout), *args],
+                          cwd=REPO_ROOT, env=full, capture_output=True, text=True)

@@ -1,0 +1,105 @@
+"""Write files in a checkout without following links and without predictable temporary names.
+
+A pull request can commit any path the tool writes (``.rebase/lock``, ``patches/x.patch.tmp``, a
+folder on the way) as a symlink to a file outside the checkout. Every write therefore checks each
+component below the checkout root with ``lstat`` (a link is an error naming it), opens the final
+file with ``O_NOFOLLOW``, and replaces files through a temporary created exclusively
+(``mkstemp``: ``O_CREAT|O_EXCL``, a random name) in the target folder.
+"""
+
+import ctypes
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+
+
+def refuse_links_below(root: Path, path: Path) -> None:
+    """Error naming the first component of ``path`` below ``root`` that is a symlink."""
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        rel = None
+    if rel is None:  # outside the checkout (a cache named by the user): check the path itself only
+        parts, here = [path], None
+    else:
+        here, parts = root, []
+        for name in rel.parts:
+            here = here / name
+            parts.append(here)
+    for part in parts:
+        try:
+            mode = os.lstat(part).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(mode):
+            raise RebaseError(f"{part}: is a symlink (to {os.readlink(part)!r}); the tool writes there "
+                              f"and never through a link. Remove it (a checkout must not carry it).")
+
+
+def makedirs(root: Path, path: Path) -> Path:
+    """``mkdir -p`` of ``path`` below ``root`` where no component may be a link."""
+    refuse_links_below(root, path)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    refuse_links_below(root, path)  # created by someone else between the check and mkdir
+    return Path(path)
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a link as the last component (ELOOP becomes a clear error)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise RebaseError(f"{path}: is a symlink; the tool never opens its files through a link") from None
+        raise
+
+
+def write_file(root: Path, path: Path, data, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (bytes or str) through an exclusive temporary next to it."""
+    path = Path(path)
+    makedirs(root, path.parent)
+    if isinstance(data, str):
+        data = data.encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)  # replaces a link itself, never writes through it
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_nofollow(path: Path) -> bytes:
+    fd = open_nofollow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # this file system cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(a))
