@@ -103,3 +103,28 @@ def test_initialize_refuses_a_multi_rank_group(monkeypatch):
     monkeypatch.setattr(cpu_harness, "dist", TwoRanks)
     with pytest.raises(RuntimeError, match="one process, but the process group has 2 ranks"):
         cpu_harness.initialize()
+
+
+def test_alltoall_dispatcher_trains_a_step():
+    # The alltoall dispatcher makes a torch.cuda.Stream for its device-to-host copies.
+    proc = run_script("""
+        from megatron.core import cpu_harness
+        with cpu_harness.single_process(seed=7):
+            config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                       use_cpu_initialization=True, add_bias_linear=False,
+                                       num_moe_experts=4, moe_router_topk=2,
+                                       moe_token_dispatcher_type="alltoall")
+            spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
+            model = GPTModel(config, spec, vocab_size=64, max_sequence_length=8)
+            tokens = torch.randint(0, 64, (2, 8))
+            positions = torch.arange(8).expand(2, 8)
+            mask = torch.triu(torch.ones(8, 8), diagonal=1).bool()[None, None]
+            loss = model(tokens, positions, mask, labels=tokens).mean()
+            loss.backward()
+            assert torch.isfinite(loss), loss
+            grads = [p.grad for n, p in model.named_parameters() if "experts" in n]
+            assert grads and all(g is not None for g in grads)
+            print("LOSS", float(loss))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LOSS" in proc.stdout
