@@ -136,9 +136,24 @@ class ReplayPhase:
         j.phase = "replaying"
         self._save()
 
-    def _record_recorded(self, idx: int, new: str) -> None:
-        self._export_resolutions(self.j.names[idx], self.j.picking.rerere_ids)
-        self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+    def _record_recorded(self, idx: int, new: str) -> str:
+        """Record a pick rerere resolved; return where the resolution came from ("" for this line's
+        own, "line NAME" for one reused with ``--resolutions-from``), kept in the outcome's ``how``."""
+        ids = self.j.picking.rerere_ids
+        origin = self._resolution_origin(ids)
+        self._export_resolutions(self.j.names[idx], ids)  # reused ones become this line's own
+        self._record(idx, "resolved-recorded", new, how=origin, note="conflict resolved by a recorded resolution")
+        return origin
+
+    def _resolution_origin(self, ids: list) -> str:
+        other = self.resolutions_from
+        if other is None and self.j.resolutions_from:  # resumed by `bump --continue`
+            other = self.layout.for_line(self.j.resolutions_from)
+        if other is None:
+            return ""
+        own, theirs = rr.recorded_ids(self.layout.resolutions), rr.recorded_ids(other.resolutions)
+        hashes = {rid.partition(".")[0] for rid in ids}
+        return f"line {other.line}" if hashes & theirs and not hashes <= own else ""
 
     def _export_resolutions(self, name: str, ids: list) -> None:
         """Store the resolutions rerere holds for ``ids`` under patches/resolutions/<name>/; say so

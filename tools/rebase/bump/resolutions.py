@@ -60,6 +60,14 @@ def import_resolutions(store: Path, work: Path) -> int:
     return count
 
 
+def recorded_ids(store: Path) -> set:
+    """The rerere hashes a store holds a resolution for (any patch)."""
+    if store.is_symlink() or not store.is_dir():
+        return set()
+    return {entry.name for patch_dir in store.iterdir() if patch_dir.is_dir() and not patch_dir.is_symlink()
+            for entry in patch_dir.iterdir() if entry.is_dir()}
+
+
 def reset_cache(work: Path) -> None:
     """Empty the rr-cache (a bump keeps the old one in its backup), so a bump reuses only the
     resolutions exported to patches/resolutions/, never one a fresh clone would not have."""

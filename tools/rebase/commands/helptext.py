@@ -74,5 +74,8 @@ def describe(command: str) -> str:
 
 def add_command(sub, name: str, help: str):
     """``sub.add_parser`` with the command's description, paragraphs kept as written."""
-    return sub.add_parser(name, help=help, description=describe(name),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(name, help=help, description=describe(name),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--line", metavar="NAME",
+                        help="work on the line in lines/NAME/ (default: the release line at the top level)")
+    return parser
