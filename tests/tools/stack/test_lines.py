@@ -10,6 +10,7 @@ from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.paths import Layout, layout
 from tools.rebase.proof.check import BASELESS_NOTE, check
+from tools.rebase.proof.listing import BEGIN, END
 from tools.rebase.stack.workrepo import apply, export
 
 ALPHA, BETA = "megatron/core/alpha.py", "megatron/core/beta.py"
@@ -179,3 +180,16 @@ def test_export_of_a_line_needs_its_line_flag_to_find_its_work(fork):
     export(fork.layout, log=quiet)
     assert fork.patch_files() == before
     assert "0001-beta-extra.patch" in line.patch_files()
+
+
+def test_readme_table_of_a_line_is_its_own_and_optional(fork, capsys):
+    line = release_and_line(fork)
+    readme = fork.root / "README.md"
+    readme.write_text(f"top\n{BEGIN}\n{END}\n")
+    before = readme.read_bytes()
+    assert main(["-C", str(fork.root), "list", "--line", "next", "--update-readme"]) == 0
+    assert readme.read_bytes() == before  # the release line's README is not the line's
+    assert not line.layout.readme.exists()
+    line.layout.readme.write_text(f"line\n{BEGIN}\n{END}\n")
+    assert main(["-C", str(fork.root), "list", "--line", "next", "--update-readme"]) == 0
+    assert "`beta-extra`" in line.layout.readme.read_text() and readme.read_bytes() == before
