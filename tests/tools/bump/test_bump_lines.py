@@ -29,12 +29,15 @@ def passing(layout, name, ids):
     return {i: "passed" for i in ids}
 
 
-def fork_with_line_ahead(tmp_path):
+def fork_with_line_ahead(tmp_path, alpha_conflict=False):
     """The release line on v1; line ``ahead``, the same stack, already bumped onto v2 (which rewrites
-    the line tweak-beta changes) with its conflict resolved and recorded."""
+    the line tweak-beta changes, and with ``alpha_conflict`` the one keep-alpha changes) with its
+    conflicts resolved and recorded."""
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "upstream: rewrite beta 5")
+    if alpha_conflict:
+        fork.upstream_commit({A: replace_line("alpha line 10\n", "alpha line 10 upstream\n")}, "upstream: alpha 10")
     sh("git", "tag", "v2", cwd=fork.upstream)
     line = add_line(fork, "ahead")
     shutil.rmtree(line.layout.patches)
@@ -42,6 +45,10 @@ def fork_with_line_ahead(tmp_path):
     release_before = snapshot_release(fork)
     with pytest.raises(Stopped):
         bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+    if alpha_conflict:
+        resolve_conflict(line.work, A, "alpha line 10 upstream and fork")
+        with pytest.raises(Stopped):
+            bump_continue(line.layout, log=quiet, test_runner=passing)
     resolve_conflict(line.work, B, "beta line 5 upstream and fork")
     bump_continue(line.layout, log=quiet, test_runner=passing)
     assert snapshot_release(fork) == release_before, "a line's bump must not touch the release line"
@@ -102,3 +109,19 @@ def test_resolutions_from_is_refused_where_it_cannot_apply(tmp_path, cache, caps
     assert "line name '../ahead' must be a plain name" in capsys.readouterr().err
     assert main(base + ["--onto", f"git:{fork.upstream}@v1", "--resolutions-from", "missing"]) == 2
     assert "no folder lines/missing/" in capsys.readouterr().err
+
+
+def test_continued_bump_still_names_the_lending_line(tmp_path, cache):
+    """The lender is in the journal: a bump that stops first (a conflict the line has no resolution
+    for) and is continued by a new process still adopts and names the line's resolution later on."""
+    fork, line = fork_with_line_ahead(tmp_path, alpha_conflict=True)
+    shutil.rmtree(line.layout.resolutions / "keep-alpha")  # the line cannot lend this one
+    with pytest.raises(Stopped) as stop:
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, resolutions_from=line.layout, test_runner=passing)
+    assert "patch 0001-keep-alpha" in str(stop.value)
+    resolve_conflict(fork.work, A, "alpha line 10 upstream and fork")
+    logged = []
+    bump_continue(fork.layout, log=logged.append, test_runner=passing)
+    assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
+    assert sorted(p.name for p in fork.layout.resolutions.iterdir()) == ["keep-alpha", "tweak-beta"]
+    assert fork.patch_files() == line.patch_files()
