@@ -25,7 +25,8 @@ _COMMANDS = {
         "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
         "the committed patches, every Tests: id exists, patches/proof.json (when present) recorded for this stack, README "
         "patch table current. Warns about "
-        "work-repo commits that were never exported.",
+        "work-repo commits that were never exported. With --no-base (a line whose upstream commit "
+        "CI cannot fetch) only the lints run, and the output says apply and export were not verified.",
         "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
         "about 30 s from scratch; a few seconds when the base is cached.",
     ),

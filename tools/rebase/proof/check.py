@@ -159,7 +159,7 @@ def check(layout, log=print) -> list:
     for patch in parsed:
         if fresh.get(patch.path.name) != patch.path.read_bytes():
             problems.append(
-                f"{layout.rel(patch.path)}: differs from a fresh export (edited by hand, or "
+                f"{layout.rel(layout.patches)}/{patch.path.name}: differs from a fresh export (edited by hand, or "
                 f"exported with other flags); run apply then export to regenerate it"
             )
     if not problems:
