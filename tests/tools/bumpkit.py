@@ -90,11 +90,11 @@ UPSTREAM_FILES = {
 
 
 class Fork:
-    def __init__(self, root: Path, upstream: Path):
+    def __init__(self, root: Path, upstream: Path, line=None):
         from tools.rebase.git.paths import Layout
 
         self.root, self.upstream = root, upstream
-        self.layout = Layout(root)
+        self.layout = Layout(root, line)
 
     @property
     def work(self) -> Path:
@@ -173,6 +173,16 @@ def make_fork(tmp_path: Path, name="fork", files=None) -> Fork:
     (root / "tests").mkdir()
     (root / "tests" / "test_dummy.py").write_text("def test_ok():\n    assert True\n")
     return Fork(root, upstream)
+
+
+def add_line(fork: Fork, name: str, pin_text=None) -> Fork:
+    """A second line ``lines/<name>/`` of ``fork``'s checkout: its own pin (default: a copy of the
+    release line's) and an empty series; the returned Fork acts on that line."""
+    home = fork.root / "lines" / name
+    (home / "patches").mkdir(parents=True)
+    (home / "patches" / "series").write_text("# line series\n")
+    (home / "upstream.toml").write_text(pin_text if pin_text is not None else fork.layout.pin.read_text())
+    return Fork(fork.root, fork.upstream, line=name)
 
 
 # ---------------------------------------------------------------- the fork checkout as a git repo

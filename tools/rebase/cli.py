@@ -25,12 +25,15 @@ def _cmd_export(args, lay):
 
 
 def _cmd_check(args, lay):
-    from tools.rebase.proof.check import check
+    from tools.rebase.proof.check import check, check_without_base
     from tools.rebase.git.lock import locked
     from tools.rebase.stack.workrepo import APPLY_LOCK_WAIT
 
-    with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
-        problems = check(lay)
+    if args.no_base:  # reads the checkout only: no lock, no work repo
+        problems = check_without_base(lay)
+    else:
+        with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
+            problems = check(lay)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
@@ -91,6 +94,9 @@ def build_parser():
                         ".rebase/work from them by hand)")
     p.set_defaults(func=_cmd_export)
     p = add_command(sub, "check", help="verify pin, series, strict apply, export equality and Tests: trailers")
+    p.add_argument("--no-base", action="store_true",
+                   help="lint the series, patch files, trailers and resolutions only, without the upstream "
+                        "base (CI that cannot fetch a line's pin); apply and export are not verified")
     p.set_defaults(func=_cmd_check)
     p = add_command(sub, "list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
@@ -107,7 +113,7 @@ def build_parser():
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        lay = find_layout(args.directory)
+        lay = find_layout(args.directory, args.line)
         return args.func(args, lay)
     except RebaseError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -49,8 +49,10 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
     """One bump: its state (layout, journal ``j``, log, test runner, kill-point hook) and the order
     of its phases; the phases themselves are the mixins."""
 
-    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True):
+    def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True,
+                 resolutions_from=None):
         self.layout = layout
+        self.resolutions_from = resolutions_from  # another line's Layout: its resolutions are reused too
         self.work = layout.work
         self.log = log
         self.test_runner = test_runner

@@ -41,8 +41,9 @@ class ConflictStop:
                 new = _commit_pick(work, commit, j.dates[idx])
                 self.hook("after-pick", index=idx)
                 self._lint_recorded(idx, new)
-                self._record_recorded(idx, new)
-                self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution")
+                origin = self._record_recorded(idx, new)
+                self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution"
+                         + (f" of {origin}" if origin else ""))
             else:
                 _reset_to(work, j.tip)
                 up, how = self._name_absorber(idx, "empty after the recorded resolution")

@@ -82,7 +82,7 @@ class FinishPhase:
             rr.prune(layout.resolutions, {p.name for p in patches})
             from tools.rebase.proof.listing import BEGIN, update_readme
 
-            readme = layout.root / "README.md"
+            readme = layout.readme
             if readme.is_file() and BEGIN in readme.read_text():
                 update_readme(layout)  # the patch table names the base; keep check green
             git("update-ref", "--stdin", cwd=work,
@@ -96,7 +96,7 @@ class FinishPhase:
         counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
         self.log(f"bump done: {_base_label(old_pin)} -> {_base_label(new_pin)}; {counts}; "
                  f"wrote {layout.report_md.name} and {layout.report_json.name}; "
-                 f"run `python -m tools.rebase apply` to materialize megatron/")
+                 f"run `python -m tools.rebase apply{layout.line_flag}` to materialize megatron/")
         return data
 
 

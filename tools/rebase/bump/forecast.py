@@ -106,8 +106,9 @@ def _no_kill(point, **info):
     """The scratch bump is thrown away: the kill points (``killpoints.py``) are not for it."""
 
 
-def forecast(layout, spec: str) -> dict:
-    """Replay the stack onto ``spec`` in a scratch copy; return the forecast as data."""
+def forecast(layout, spec: str, resolutions_from=None) -> dict:
+    """Replay the stack onto ``spec`` in a scratch copy; return the forecast as data.
+    ``resolutions_from`` (another line's Layout) lends its recorded resolutions, read in place."""
     from tools.rebase.bump.bump import Bump, Stopped
 
     class DryBump(Bump):
@@ -119,7 +120,7 @@ def forecast(layout, spec: str) -> dict:
     refusals = _would_refuse(layout)
     with tempfile.TemporaryDirectory(prefix="rebase-forecast-") as tmp:
         scratch = _scratch(layout, Path(tmp))
-        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False)
+        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from)
         stops = {}
         try:
             b.start(spec)
@@ -159,6 +160,8 @@ def forecast(layout, spec: str) -> dict:
                            **{key: v for key, v in stop.items() if key not in ("index", "name", "kind")})
             elif o.get("outcome") == "absorbed":
                 row.update(status="absorbed", upstream=o.get("upstream", ""), how=o.get("how", ""))
+            elif o.get("outcome") == "resolved-recorded" and o.get("how"):  # --resolutions-from
+                row["status"] = f"resolved by a recorded resolution of {o['how']}"
             elif o.get("outcome") == "resolved-recorded":
                 row["status"] = "resolved (recorded resolution)"
             else:

@@ -170,6 +170,7 @@ class Journal:
     picking: StopInfo | None = None  # a patch rerere resolved, being committed (not yet recorded)
     materialized: bool = False  # megatron/ was rewritten for the tests
     tests: dict = field(default_factory=dict)  # Patch-Name -> {node id: result}
+    resolutions_from: str = ""  # the line whose recorded resolutions were loaded too (bump --resolutions-from)
     version: int = JOURNAL_VERSION
 
     def validate(self, where: str = "journal") -> None:
@@ -195,6 +196,7 @@ class Journal:
             _check(value is None or (isinstance(value, StopInfo) and value.index < len(self.commits)),
                    f"{name} names no patch of the stack")
         _check(isinstance(self.materialized, bool), "materialized is not true/false")
+        _check(isinstance(self.resolutions_from, str), "resolutions_from is not a line name")
         _check(isinstance(self.tests, dict) and all(isinstance(v, dict) for v in self.tests.values()),
                "tests is not a map of patch names to results")
 
@@ -243,7 +245,7 @@ def _saved_paths(layout):
         ("patches", layout.patches),
         ("REBASE_REPORT.md", layout.report_md),
         ("REBASE_REPORT.json", layout.report_json),
-        ("README.md", layout.root / "README.md"),
+        ("README.md", layout.readme),
         ("state.json", layout.state_file),
         ("last-bump", last_bump_dir(layout)),
         ("rr-cache", layout.work / ".git" / "rr-cache"),

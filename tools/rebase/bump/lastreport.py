@@ -75,12 +75,13 @@ def _stack_at(lay, rev):
         tmp = tempfile.TemporaryDirectory()
         root = Path(tmp.name)
         (root / "patches").mkdir()
-        names = git("ls-tree", "--name-only", f"{rev}:patches", cwd=lay.root).split()
+        patches_at, pin_at = lay.rel(lay.patches), lay.rel(lay.pin)  # the line's own files
+        names = git("ls-tree", "--name-only", f"{rev}:{patches_at}", cwd=lay.root).split()
         for name in names:
             if name == "series" or name.endswith(".patch"):
-                data = git("show", f"{rev}:patches/{name}", cwd=lay.root, binary=True)
+                data = git("show", f"{rev}:{patches_at}/{name}", cwd=lay.root, binary=True)
                 (root / "patches" / name).write_bytes(data)
-        (root / "upstream.toml").write_bytes(git("show", f"{rev}:upstream.toml", cwd=lay.root, binary=True))
+        (root / "upstream.toml").write_bytes(git("show", f"{rev}:{pin_at}", cwd=lay.root, binary=True))
         sub = Layout(root)
         pin = load_pin(sub.pin)
         _, patches = load_stack(sub)

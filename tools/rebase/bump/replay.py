@@ -136,9 +136,27 @@ class ReplayPhase:
         j.phase = "replaying"
         self._save()
 
-    def _record_recorded(self, idx: int, new: str) -> None:
-        self._export_resolutions(self.j.names[idx], self.j.picking.rerere_ids)
-        self._record(idx, "resolved-recorded", new, note="conflict resolved by a recorded resolution")
+    def _record_recorded(self, idx: int, new: str) -> str:
+        """Record a pick rerere resolved; return where the resolution came from ("" for this line's
+        own, "line NAME" for one reused with ``--resolutions-from``), kept in the outcome's ``how``."""
+        name = self.j.names[idx]
+        origin = self._adopt_lent(name)
+        self._export_resolutions(name, self.j.picking.rerere_ids)
+        self._record(idx, "resolved-recorded", new, how=origin, note="conflict resolved by a recorded resolution")
+        return origin
+
+    def _adopt_lent(self, name: str) -> str:
+        """Copy the lending line's resolutions of patch ``name`` that this line lacks into its own
+        ``resolutions/`` (so its next bump needs no lender); "line NAME" when there were any. rerere
+        forgets the ids of conflicts it resolved, so the lender's folder of the same Patch-Name is
+        what says a resolution was lent."""
+        other = self.resolutions_from
+        if other is None and self.j.resolutions_from:  # resumed by `bump --continue`
+            other = self.layout.for_line(self.j.resolutions_from)
+        if other is None:
+            return ""
+        adopted = rr.adopt(other.resolutions, self.layout.resolutions, name)
+        return f"line {other.line}" if adopted else ""
 
     def _export_resolutions(self, name: str, ids: list) -> None:
         """Store the resolutions rerere holds for ``ids`` under patches/resolutions/<name>/; say so

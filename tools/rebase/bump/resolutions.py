@@ -60,6 +60,32 @@ def import_resolutions(store: Path, work: Path) -> int:
     return count
 
 
+def adopt(lender: Path, store: Path, patch_name: str) -> list:
+    """Copy ``lender/patch_name/<id>/`` entries that ``store`` lacks into ``store/patch_name/``
+    (``bump --resolutions-from``); return the ids copied."""
+    _refuse_links(lender)
+    _refuse_links(store)
+    source = lender / patch_name
+    _refuse_links(source)
+    if not source.is_dir():
+        return []
+    copied = []
+    for entry in sorted(source.iterdir()):
+        _refuse_links(entry)
+        _check_entry(patch_name, entry.name, str(entry))
+        target = store / patch_name / entry.name
+        if target.exists():
+            continue
+        images = _images(entry)
+        for image in images:
+            _refuse_links(image)
+        target.mkdir(parents=True)
+        for image in images:
+            shutil.copyfile(image, target / image.name)
+        copied.append(entry.name)
+    return copied
+
+
 def reset_cache(work: Path) -> None:
     """Empty the rr-cache (a bump keeps the old one in its backup), so a bump reuses only the
     resolutions exported to patches/resolutions/, never one a fresh clone would not have."""

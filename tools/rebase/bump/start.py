@@ -47,6 +47,7 @@ class StartPhase:
             onto=spec, phase="replaying", old_pin=old_pin.to_toml(), new_pin=new_pin.to_toml(),
             old_base=old_base, old_tip=old_tip, old_head=old_head, commits=commits, names=names,
             dates=[d for _, _, d in described],
+            resolutions_from=self.resolutions_from.line if self.resolutions_from else "",
         ))
         self.hook("after-backup")
         loaded = self._import_new_base(new_pin)
@@ -59,11 +60,14 @@ class StartPhase:
         return self._run()
 
     def _import_new_base(self, new_pin) -> int:
-        """Import the new base and load patches/resolutions/ into an rr-cache holding nothing else
-        (the one from before the bump is in the backup), so only exported resolutions are reused."""
+        """Import the new base and load patches/resolutions/ (and, with ``--resolutions-from``, that
+        line's) into an rr-cache holding nothing else (the one from before the bump is in the
+        backup), so only exported resolutions are reused."""
         new_base = import_base(self.work, self.layout.cache, new_pin)
         rr.reset_cache(self.work)
         loaded = rr.import_resolutions(self.layout.resolutions, self.work)
+        if self.resolutions_from is not None:  # this line's own come first: rerere keeps the first copy
+            loaded += rr.import_resolutions(self.resolutions_from.resolutions, self.work)
         self.j.new_base = new_base
         self.j.tip = new_base
         self._save()

@@ -26,6 +26,9 @@ def register(sub):
                         "still records URL")
     p.add_argument("--dry-run", action="store_true",
                    help="with --onto: forecast the bump in a scratch copy (exit 1 if it would stop)")
+    p.add_argument("--resolutions-from", metavar="LINE",
+                   help="with --onto: also reuse the recorded resolutions of the line in lines/LINE/ "
+                        "(a conflict it resolves is recorded in this line's own resolutions/)")
     p.add_argument("--output", help="with --dry-run: write the forecast as Markdown here")
     p.add_argument("--json", help="with --dry-run: write the forecast as JSON here")
     p.set_defaults(func=_cmd_bump)
@@ -56,12 +59,13 @@ def _cmd_bump(args, lay):
         use_mirror(parse_spec(args.onto)[1], args.mirror)
     if (args.output or args.json) and not args.dry_run:
         raise RebaseError("--output and --json go with --dry-run")
+    lender = _resolutions_lender(args, lay)
     if args.dry_run:
         if not args.onto:
             raise RebaseError("--dry-run goes with --onto SPEC")
         from tools.rebase.bump import forecast
 
-        data = forecast.forecast(lay, args.onto)
+        data = forecast.forecast(lay, args.onto, resolutions_from=lender)
         forecast.write(data, args.output, args.json)
         if not args.output:
             sys.stdout.write(forecast.render(data))
@@ -72,11 +76,25 @@ def _cmd_bump(args, lay):
         elif args.cont:
             bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
         else:
-            bump(lay, args.onto, run_tests=not args.no_tests)
+            bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender)
     except Stopped as exc:
         print(str(exc), file=sys.stderr)
         return 1
     return 0
+
+
+def _resolutions_lender(args, lay):
+    """The line ``--resolutions-from`` names (validated, a real folder of this checkout), or None."""
+    if args.resolutions_from is None:
+        return None
+    if not args.onto:
+        raise RebaseError("--resolutions-from goes with --onto SPEC (a bump in progress keeps the "
+                          "resolutions it loaded when it started)")
+    other = lay.for_line(args.resolutions_from)
+    if other.line == lay.line:
+        raise RebaseError(f"--resolutions-from {other.line}: that is the line being bumped; its own "
+                          f"recorded resolutions are always reused")
+    return other
 
 
 def _split_range(value, flag):

@@ -25,7 +25,8 @@ _COMMANDS = {
         "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
         "the committed patches, every Tests: id exists, patches/proof.json (when present) recorded for this stack, README "
         "patch table current. Warns about "
-        "work-repo commits that were never exported.",
+        "work-repo commits that were never exported. With --no-base (a line whose upstream commit "
+        "CI cannot fetch) only the lints run, and the output says apply and export were not verified.",
         "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
         "about 30 s from scratch; a few seconds when the base is cached.",
     ),
@@ -74,5 +75,8 @@ def describe(command: str) -> str:
 
 def add_command(sub, name: str, help: str):
     """``sub.add_parser`` with the command's description, paragraphs kept as written."""
-    return sub.add_parser(name, help=help, description=describe(name),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(name, help=help, description=describe(name),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--line", metavar="NAME",
+                        help="work on the line in lines/NAME/ (default: the release line at the top level)")
+    return parser

@@ -21,7 +21,7 @@ _held = {}  # lock path -> [fd, depth]
 
 
 def lock_path(layout) -> Path:
-    return layout.state_dir / "lock"
+    return layout.lock_file
 
 
 def _holder(path: Path) -> str:

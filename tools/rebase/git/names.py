@@ -98,3 +98,15 @@ def git_url(value, where: str, field: str = "url") -> str:
         raise RebaseError(f"{where}: {field} {value!r} uses a git remote helper ('<name>::'); "
                           f"use a URL or a local path")
     return value
+
+
+LINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def line_name(value, where: str, field: str = "line name") -> str:
+    """A line is a folder ``lines/<name>/`` and ``.rebase/lines/<name>/``: a plain lowercase name."""
+    path_component(value, field, where)
+    if not LINE_NAME.match(value):
+        raise RebaseError(f"{where}: {field} {value!r} must be lowercase letters, digits, '.', '_' and '-', "
+                          f"starting with a letter or digit")
+    return value

@@ -5,11 +5,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git import names
 
 PIN_FILE = "upstream.toml"
 STATE_DIR = ".rebase"
-# Entries of .rebase/ the tool creates; each must be a real file or folder.
+# Entries of .rebase/ (and of a line's .rebase/lines/<name>/) the tool creates; each must be a real
+# file or folder.
 STATE_ENTRIES = ("lock", "state.json", "work", "work/.git", "cache", "bump", "last-bump")
+LINES_DIR = "lines"
 
 
 def find_root(start=None) -> Path:
@@ -30,17 +33,37 @@ def find_root(start=None) -> Path:
 
 @dataclass(frozen=True)
 class Layout:
-    """All paths the tool reads or writes, relative to one checkout root."""
+    """All paths the tool reads or writes, relative to one checkout root, for one line of the stack.
+
+    ``line`` None is the release line at the top level; a named line keeps its pin, patches and
+    report in ``lines/<name>/`` and its work repo, state and bump journal in ``.rebase/lines/<name>/``,
+    so the two never share mutable state. The download cache, the lock and ``megatron/`` (the one
+    package the tests import: it holds the line applied last) stay the checkout's."""
 
     root: Path
+    line: str | None = None
+
+    @property
+    def home(self) -> Path:
+        """Where the line's committed files live: the checkout root, or ``lines/<name>/``."""
+        return self.root if self.line is None else self.root / LINES_DIR / self.line
+
+    def rel(self, path: Path) -> str:
+        """``path`` as messages name it: relative to the checkout root."""
+        return path.relative_to(self.root).as_posix()
+
+    @property
+    def line_flag(self) -> str:
+        """What a suggested command needs to act on this line again (nothing for the release line)."""
+        return "" if self.line is None else f" --line {self.line}"
 
     @property
     def pin(self) -> Path:
-        return self.root / PIN_FILE
+        return self.home / PIN_FILE
 
     @property
     def patches(self) -> Path:
-        return self.root / "patches"
+        return self.home / "patches"
 
     @property
     def series(self) -> Path:
@@ -48,11 +71,17 @@ class Layout:
 
     @property
     def resolutions(self) -> Path:
-        return self.root / "patches" / "resolutions"
+        return self.patches / "resolutions"
 
     @property
     def state_dir(self) -> Path:
-        return self.root / STATE_DIR
+        top = self.root / STATE_DIR
+        return top if self.line is None else top / LINES_DIR / self.line
+
+    @property
+    def lock_file(self) -> Path:
+        """One lock for every line: they share ``megatron/`` and the cache."""
+        return self.root / STATE_DIR / "lock"
 
     @property
     def bump_dir(self) -> Path:
@@ -66,7 +95,7 @@ class Layout:
 
     @property
     def cache(self) -> Path:
-        return Path(os.environ.get("FORK_REBASE_CACHE", self.state_dir / "cache"))
+        return Path(os.environ.get("FORK_REBASE_CACHE", self.root / ".rebase" / "cache"))
 
     @property
     def work(self) -> Path:
@@ -82,19 +111,34 @@ class Layout:
 
     @property
     def report_md(self) -> Path:
-        return self.root / "REBASE_REPORT.md"
+        return self.home / "REBASE_REPORT.md"
 
     @property
     def report_json(self) -> Path:
-        return self.root / "REBASE_REPORT.json"
+        return self.home / "REBASE_REPORT.json"
+
+    @property
+    def readme(self) -> Path:
+        """The README whose patch table follows this line (a line's own is optional)."""
+        return self.home / "README.md"
+
+    def for_line(self, line: str | None) -> "Layout":
+        """The same checkout's layout of another line (validated like ``--line``)."""
+        found = Layout(self.root, None if line is None else names.line_name(line, "--line"))
+        found.refuse_links()
+        return found
 
     def refuse_links(self) -> None:
         """A pull request can commit any of the tool's own paths as a symlink (``.gitignore`` does not
         stop a committed file): writing through one would land outside the checkout, reading through
         one would pull an outside file in. Refuse before anything is read or written."""
         owned = (self.pin, self.patches, self.state_dir, self.package, self.report_md, self.report_json)
-        linked = [p.name for p in owned if p.is_symlink()]
-        linked += [f"{STATE_DIR}/{name}" for name in STATE_ENTRIES if (self.state_dir / name).is_symlink()]
+        if self.line is not None:
+            self._refuse_line_escape()
+            owned = (self.root / LINES_DIR, self.home, self.root / STATE_DIR, self.state_dir.parent) + owned
+        linked = [self.rel(p) if self.line else p.name for p in owned if p.is_symlink()]
+        state_dirs = (self.root / STATE_DIR,) + ((self.state_dir,) if self.line is not None else ())
+        linked += [self.rel(d / name) for d in state_dirs for name in STATE_ENTRIES if (d / name).is_symlink()]
         if linked:
             raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
                               f"and writes them in place); replace them with real files or folders")
@@ -121,7 +165,24 @@ class Layout:
                 f"(git rm -r --cached -- {STATE_DIR} megatron); nothing was read or written")
 
 
-def layout(start=None) -> Layout:
-    found = Layout(find_root(start))
+    def _refuse_line_escape(self) -> None:
+        """``lines/<name>`` must be a real folder of this checkout: a committed link (or a link on
+        the way to it) would make the tool read and write a stack outside it."""
+        where = self.root / LINES_DIR / self.line
+        if where.is_symlink() or (self.root / LINES_DIR).is_symlink():
+            raise RebaseError(f"--line {self.line}: {self.rel(where)} must be a real folder, not a symlink")
+        if not where.is_dir():
+            raise RebaseError(f"--line {self.line}: no folder {self.rel(where)}/ in {self.root} "
+                              f"(a line holds its own upstream.toml and patches/ there)")
+        if where.resolve().parent != (self.root / LINES_DIR).resolve() or \
+                not where.resolve().is_relative_to(self.root.resolve()):
+            raise RebaseError(f"--line {self.line}: {self.rel(where)} resolves outside {self.root}")
+
+
+def layout(start=None, line=None) -> Layout:
+    """The checkout's layout for ``line`` (None: the release line at the top level)."""
+    if line is not None:
+        names.line_name(line, "--line")
+    found = Layout(find_root(start), line)
     found.refuse_links()
     return found

@@ -2,6 +2,7 @@
 
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git import names
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import (
     FILE_NAME, REQUIRED_TRAILERS, UPSTREAM_STATUS_WORDS, parse_patch, read_series,
@@ -14,10 +15,11 @@ from tools.rebase.proof.testids import missing_test
 def lint_series(layout):
     """Structural problems of series + patch files; returns (problems, parsed patches)."""
     problems, parsed = [], []
+    shown = layout.rel(layout.patches)  # "patches", or "lines/<name>/patches"
     series = read_series(layout.series)
     listed = {}
     for position, entry in enumerate(series.entries, start=1):
-        where = f"patches/series:{entry.line}"
+        where = f"{shown}/series:{entry.line}"
         if entry.name in listed:
             problems.append(f"{where}: {entry.name} is listed twice (first on line {listed[entry.name]})")
             continue
@@ -42,22 +44,80 @@ def lint_series(layout):
         parsed.append(patch)
         for key in REQUIRED_TRAILERS:
             if not patch.trailers.get(key):
-                problems.append(f"patches/{entry.name}: missing '{key}:' trailer")
+                problems.append(f"{shown}/{entry.name}: missing '{key}:' trailer")
         if m and patch.name and patch.name != m["slug"]:
-            problems.append(f"patches/{entry.name}: Patch-Name {patch.name!r} does not match the file name")
+            problems.append(f"{shown}/{entry.name}: Patch-Name {patch.name!r} does not match the file name")
         status = patch.upstream_status.split(" ", 1)[0]
         if patch.upstream_status and status not in UPSTREAM_STATUS_WORDS:
             problems.append(
-                f"patches/{entry.name}: Upstream-Status {status!r} is not one of {', '.join(UPSTREAM_STATUS_WORDS)}"
+                f"{shown}/{entry.name}: Upstream-Status {status!r} is not one of {', '.join(UPSTREAM_STATUS_WORDS)}"
             )
         for node_id in patch.tests:
             why = missing_test(layout.root, node_id)
             if why:
-                problems.append(f"patches/{entry.name}: Tests: {node_id}: {why}")
+                problems.append(f"{shown}/{entry.name}: Tests: {node_id}: {why}")
     for path in sorted(layout.patches.glob("*.patch")):
         if path.name not in listed:
-            problems.append(f"patches/{path.name}: not listed in patches/series")
+            problems.append(f"{shown}/{path.name}: not listed in {shown}/series")
     return problems, parsed, series
+
+
+def lint_resolutions(layout, patch_names) -> list:
+    """Recorded resolutions a bump would load: ``resolutions/<Patch-Name>/<rerere id>/`` real folders
+    holding a ``preimage`` and a ``postimage``, for patches of the series only."""
+    store = layout.resolutions
+    shown = layout.rel(store)
+    if store.is_symlink():
+        return [f"{shown}: must not be a symlink"]
+    if not store.exists():
+        return []
+    if not store.is_dir():
+        return [f"{shown}: is not a folder"]
+    problems = []
+    for patch_dir in sorted(store.iterdir()):
+        where = f"{shown}/{patch_dir.name}"
+        if patch_dir.is_symlink() or not patch_dir.is_dir():
+            problems.append(f"{where}: must be a real folder named after a Patch-Name")
+            continue
+        if patch_dir.name not in patch_names:
+            problems.append(f"{where}: no patch of the series is named {patch_dir.name!r}")
+        for entry in sorted(patch_dir.iterdir()):
+            here = f"{where}/{entry.name}"
+            if entry.is_symlink() or not entry.is_dir():
+                problems.append(f"{here}: must be a real folder named after a rerere id")
+                continue
+            if not names.RERERE_ID.match(entry.name):
+                problems.append(f"{here}: {entry.name!r} is not a 40-hex rerere id")
+            for image in ("preimage", "postimage"):
+                if entry.joinpath(image).is_symlink() or not entry.joinpath(image).is_file():
+                    problems.append(f"{here}: no {image} file (a resolution needs both images)")
+    return problems
+
+
+BASELESS_NOTE = "base-less check: series and resolutions linted; apply/export not verified"
+
+
+def check_without_base(layout, log=print) -> list:
+    """``check --no-base``: what can be verified with no upstream base at hand (CI cannot fetch a
+    line's upstream commit): pin syntax, series, patch files and trailers, Tests: ids, recorded
+    resolutions and the proof record. Strict apply and export equality need the base."""
+    try:
+        pin = load_pin(layout.pin)
+    except RebaseError as exc:
+        return [str(exc)]
+    log(f"pin parsed (base not imported): {pin.display}")
+    problems, parsed, _ = lint_series(layout)
+    if not problems:
+        log(f"series ok: {len(parsed)} patches")
+    problems += lint_resolutions(layout, {p.name for p in parsed})
+    from tools.rebase.proof.prove import read_record
+
+    if not problems:
+        _, stale_proof = read_record(layout)
+        if stale_proof:
+            problems.append(stale_proof)
+    log(BASELESS_NOTE)
+    return problems
 
 
 def warn_unexported(layout, log) -> None:
@@ -84,6 +144,7 @@ def check(layout, log=print) -> list:
     log(f"pin ok: {pin.display}")
     warn_unexported(layout, log)
     lint_problems, parsed, series = lint_series(layout)
+    lint_problems += lint_resolutions(layout, {p.name for p in parsed})
     problems += lint_problems
     if lint_problems:
         return problems
@@ -98,7 +159,7 @@ def check(layout, log=print) -> list:
     for patch in parsed:
         if fresh.get(patch.path.name) != patch.path.read_bytes():
             problems.append(
-                f"patches/{patch.path.name}: differs from a fresh export (edited by hand, or "
+                f"{layout.rel(layout.patches)}/{patch.path.name}: differs from a fresh export (edited by hand, or "
                 f"exported with other flags); run apply then export to regenerate it"
             )
     if not problems:
@@ -111,5 +172,6 @@ def check(layout, log=print) -> list:
         problems.append(stale_proof)
 
     if readme_is_stale(layout):
-        problems.append("README.md: the patch table is stale; run python -m tools.rebase list --update-readme")
+        problems.append(f"{layout.rel(layout.readme)}: the patch table is stale; run python -m tools.rebase "
+                        f"list --update-readme{layout.line_flag}")
     return problems

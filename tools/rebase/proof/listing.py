@@ -51,7 +51,7 @@ def patch_table(layout) -> str:
 
 def readme_is_stale(layout) -> bool:
     """True when README.md carries the table markers and its table differs from the series."""
-    readme = layout.root / "README.md"
+    readme = layout.readme
     if not readme.is_file():
         return False
     text = readme.read_text()
@@ -62,7 +62,9 @@ def readme_is_stale(layout) -> bool:
 
 
 def update_readme(layout) -> bool:
-    readme = layout.root / "README.md"
+    readme = layout.readme
+    if layout.line is not None and not readme.is_file():
+        return False  # a line's own README (with the table markers) is optional
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: add the markers {BEGIN!r} and {END!r} where the table goes")

@@ -157,7 +157,7 @@ def _prepare_run_dir(layout, run: Path) -> None:
     run.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in _RUN_COPIES:  # links are copied as links: an outside file is never copied in
-        src = layout.root / name
+        src = layout.pin if name == "upstream.toml" else layout.root / name  # a line's own pin
         if src.is_symlink():
             raise RebaseError(f"prove: {src} must not be a symlink; nothing was run")
         if src.is_dir():
@@ -332,7 +332,7 @@ def read_record(layout):
     path = proof_path(layout)
     if not path.is_file():
         return {}, None
-    where = f"patches/{PROOF_FILE}"
+    where = layout.rel(path)
     try:
         data = json.loads(path.read_text())
         digest = data["stack_digest"]

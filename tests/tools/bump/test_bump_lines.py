@@ -1,0 +1,127 @@
+"""``bump`` on a line, and ``bump --resolutions-from LINE``: the release line reuses the conflict
+resolutions another line recorded when it met the same upstream change first."""
+
+import json
+import shutil
+
+import pytest
+
+from tests.tools.bumpkit import add_line, make_fork, quiet, replace_line, resolve_conflict, sh
+from tools.rebase.bump import forecast
+from tools.rebase.bump.bump import Stopped, bump, bump_continue
+from tools.rebase.cli import main
+from tools.rebase.proof.check import check
+
+A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
+STACK = [
+    ("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")}),
+    ("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")}),
+]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def passing(layout, name, ids):
+    return {i: "passed" for i in ids}
+
+
+def fork_with_line_ahead(tmp_path, alpha_conflict=False):
+    """The release line on v1; line ``ahead``, the same stack, already bumped onto v2 (which rewrites
+    the line tweak-beta changes, and with ``alpha_conflict`` the one keep-alpha changes) with its
+    conflicts resolved and recorded."""
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "upstream: rewrite beta 5")
+    if alpha_conflict:
+        fork.upstream_commit({A: replace_line("alpha line 10\n", "alpha line 10 upstream\n")}, "upstream: alpha 10")
+    sh("git", "tag", "v2", cwd=fork.upstream)
+    line = add_line(fork, "ahead")
+    shutil.rmtree(line.layout.patches)
+    shutil.copytree(fork.layout.patches, line.layout.patches)
+    release_before = snapshot_release(fork)
+    with pytest.raises(Stopped):
+        bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+    if alpha_conflict:
+        resolve_conflict(line.work, A, "alpha line 10 upstream and fork")
+        with pytest.raises(Stopped):
+            bump_continue(line.layout, log=quiet, test_runner=passing)
+    resolve_conflict(line.work, B, "beta line 5 upstream and fork")
+    bump_continue(line.layout, log=quiet, test_runner=passing)
+    assert snapshot_release(fork) == release_before, "a line's bump must not touch the release line"
+    assert (line.layout.resolutions / "tweak-beta").is_dir()
+    assert line.layout.report_md.is_file() and not fork.layout.report_md.exists()
+    return fork, line
+
+
+def snapshot_release(fork):
+    files = {p.name: p.read_bytes() for p in (fork.layout.pin, fork.layout.state_file)}
+    files.update(fork.patch_files())
+    files["work HEAD"] = sh("git", "rev-parse", "HEAD", cwd=fork.work)
+    return files
+
+
+def test_dry_run_names_the_line_whose_resolution_resolves_the_stop(tmp_path, cache):
+    fork, line = fork_with_line_ahead(tmp_path)
+    spec = f"git:{fork.upstream}@v2"
+    alone = forecast.forecast(fork.layout, spec)
+    assert alone["would_stop"] and alone["counts"] == {"clean": 1, "conflict": 1}
+    lent = forecast.forecast(fork.layout, spec, resolutions_from=line.layout)
+    assert not lent["would_stop"]
+    status = {row["name"]: row["status"] for row in lent["patches"]}
+    assert status == {"keep-alpha": "clean",
+                      "tweak-beta": "resolved by a recorded resolution of line ahead"}
+    assert "| 0002 | `tweak-beta` | resolved by a recorded resolution of line ahead |" in forecast.render(lent)
+    assert not fork.layout.resolutions.exists()  # a dry run records nothing
+
+
+def test_bump_with_resolutions_from_a_line_records_them_as_its_own(tmp_path, cache):
+    fork, line = fork_with_line_ahead(tmp_path)
+    logged = []
+    ran = []
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=logged.append, resolutions_from=line.layout,
+         test_runner=lambda lay, name, ids: ran.append(name) or passing(lay, name, ids))
+    assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
+    assert ran == ["tweak-beta"]  # a reused resolution is tested like any other
+    assert fork.patch_files() == line.patch_files()  # same resolution, same stack
+    own = sorted(p.name for p in (fork.layout.resolutions / "tweak-beta").iterdir())
+    assert own == sorted(p.name for p in (line.layout.resolutions / "tweak-beta").iterdir())
+    assert check(fork.layout, log=quiet) == []
+    # the next bump of the release line needs no other line: its own copy resolves the same conflict
+    report = json.loads(fork.layout.report_json.read_text())
+    row = next(r for r in report["mapping"] if r["new"] and r["new"][0]["subject"] == "tweak-beta")
+    assert "recorded resolution" in row["note"]
+
+
+def test_resolutions_from_is_refused_where_it_cannot_apply(tmp_path, cache, capsys):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    add_line(fork, "ahead")
+    base = ["-C", str(fork.root), "bump"]
+    assert main(base + ["--continue", "--resolutions-from", "ahead"]) == 2
+    assert "--resolutions-from goes with --onto" in capsys.readouterr().err
+    assert main(base + ["--line", "ahead", "--onto", f"git:{fork.upstream}@v1", "--resolutions-from", "ahead"]) == 2
+    assert "that is the line being bumped" in capsys.readouterr().err
+    assert main(base + ["--onto", f"git:{fork.upstream}@v1", "--resolutions-from", "../ahead"]) == 2
+    assert "line name '../ahead' must be a plain name" in capsys.readouterr().err
+    assert main(base + ["--onto", f"git:{fork.upstream}@v1", "--resolutions-from", "missing"]) == 2
+    assert "no folder lines/missing/" in capsys.readouterr().err
+
+
+def test_continued_bump_still_names_the_lending_line(tmp_path, cache):
+    """The lender is in the journal: a bump that stops first (a conflict the line has no resolution
+    for) and is continued by a new process still adopts and names the line's resolution later on."""
+    fork, line = fork_with_line_ahead(tmp_path, alpha_conflict=True)
+    shutil.rmtree(line.layout.resolutions / "keep-alpha")  # the line cannot lend this one
+    with pytest.raises(Stopped) as stop:
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, resolutions_from=line.layout, test_runner=passing)
+    assert "patch 0001-keep-alpha" in str(stop.value)
+    resolve_conflict(fork.work, A, "alpha line 10 upstream and fork")
+    logged = []
+    bump_continue(fork.layout, log=logged.append, test_runner=passing)
+    assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
+    assert sorted(p.name for p in fork.layout.resolutions.iterdir()) == ["keep-alpha", "tweak-beta"]
+    assert fork.patch_files() == line.patch_files()
