@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.gitcmd import git, init_borrowing, rev_parse
+from tools.rebase.isolation import isolated_env
 from tools.rebase.materialize import materialize, upstream_version
 from tools.rebase.pin import load_pin
 from tools.rebase.series import load_stack
@@ -98,11 +99,15 @@ def outcomes_for(node_ids: list, report: dict) -> dict:
     return out
 
 
+def _shim_dir(run: Path) -> Path:
+    """Next to the run directory (not in it): the isolation ``sitecustomize`` (see isolation)."""
+    return run.parent / "isolation"
+
+
 def _pytest_once(run: Path, node_ids: list) -> dict:
     report_file = run / ".prove-report.json"
     report_file.unlink(missing_ok=True)
-    env = dict(os.environ, FORK_PROVE_REPORT=str(report_file), PYTHONPATH=str(run),
-               PYTHONDONTWRITEBYTECODE="1")
+    env = isolated_env(run, _shim_dir(run), FORK_PROVE_REPORT=str(report_file))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
          "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
@@ -201,7 +206,7 @@ def _import_failure(run: Path):
 
     A later patch can apply cleanly without the one being proven and still import a module only
     that one adds; then nothing can be tested until that later patch is dropped too."""
-    env = dict(os.environ, PYTHONPATH=str(run), PYTHONDONTWRITEBYTECODE="1")
+    env = isolated_env(run, _shim_dir(run))
     proc = subprocess.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env,
                           capture_output=True, text=True)
     if proc.returncode == 0:
