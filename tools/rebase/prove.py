@@ -315,6 +315,12 @@ def write_record(layout, proofs: list, proved_digest: str) -> Path:
         "patches": [asdict(p) for p in proofs],
     }
     path = proof_path(layout)
+    try:  # keep the mutant scores (prove --mutants --record) next to the verdicts
+        kept = json.loads(path.read_text()).get("mutants") if path.is_file() else None
+    except (ValueError, AttributeError):
+        kept = None
+    if kept is not None:
+        data["mutants"] = kept
     tmp = path.with_name(PROOF_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
