@@ -126,3 +126,17 @@ def test_children_of_the_tests_are_isolated_too(tmp_path):
     out = subprocess.run([str(python), "-c", child], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["tree", "tree", "1"]
+
+
+def test_the_shim_runs_cleanly_in_a_plain_interpreter(tmp_path):
+    """Python reports an exception in sitecustomize and goes on without it: that would silently
+    drop the isolation, so the shim must run without one (here no .pth has imported anything)."""
+    tree = tmp_path / "tree"
+    (tree / "megatron").mkdir(parents=True)
+    (tree / "megatron" / "__init__.py").write_text("")
+    # (-c and -m put the working directory in front after start-up; prove runs in the tree)
+    proc = subprocess.run([sys.executable, "-c", "import sys; print([p for p in sys.path if p][0])"],
+                          cwd=tmp_path,
+                          env=isolated_env(tree, tmp_path / "shim"), capture_output=True, text=True)
+    assert proc.returncode == 0 and "Error in sitecustomize" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == str(tree.resolve())

@@ -26,6 +26,7 @@ _INHERITED = ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONSAFEPATH",
 
 _SITECUSTOMIZE = '''\
 """Written by tools/rebase/isolation.py: import the tree in $FORK_ISOLATED_ROOT, nothing else."""
+import importlib.machinery
 import importlib.util
 import os
 import sys

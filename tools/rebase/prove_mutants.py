@@ -43,6 +43,7 @@ class MutantScore:
     survivors: list = field(default_factory=list)  # "path:line: original -> mutated (operator) [id]"
     equivalent: list = field(default_factory=list)  # "id: reason"
     not_run: int = 0
+    invalid: int = 0  # mutants that do not compile (not counted)
     note: str = ""
 
     @property
@@ -95,9 +96,17 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> lis
             for mutant in sample(mutants_of_patch(patch.path.read_text(errors="replace")), count, seed):
                 target = run / mutant.path
                 original = target.read_text()
-                target.write_text(apply_mutant(original, mutant))
+                mutated = apply_mutant(original, mutant)
+                try:  # a line inside a multi-line construct can give a file that does not parse
+                    compile(mutated, str(target), "exec")
+                except SyntaxError:
+                    result.invalid += 1
+                    continue
+                target.write_text(mutated)
                 try:
                     outcome = _outcome(runner(run, tests))
+                except RebaseError:  # pytest could not even report: the tree does not import
+                    outcome = "killed"
                 finally:
                     target.write_text(original)
                 if outcome == "killed":
@@ -122,7 +131,8 @@ def table(scores: list) -> str:
     rows = ["| patch | killed | survived | equivalent | not run | score |", "|---|---|---|---|---|---|"]
     for s in scores:
         rows.append(f"| {s.name} | {s.killed} | {len(s.survivors)} | {len(s.equivalent)} | "
-                    f"{s.not_run} | {s.score:.0%} |" + (f" {s.note}" if s.note else ""))
+                    f"{s.not_run} | {s.score:.0%} |" + (f" {s.note}" if s.note else "")
+                    + (f" ({s.invalid} mutants did not compile)" if s.invalid else ""))
     lines = [f"  survivor of {s.name}: {line}" for s in scores for line in s.survivors]
     return "\n".join(rows + lines) + "\n"
 
