@@ -7,6 +7,8 @@ from tools.rebase.mutants import (
     Mutant,
     added_lines,
     apply_mutant,
+    code_lines,
+    in_code,
     load_equivalents,
     mutants_of_line,
     mutants_of_patch,
@@ -115,3 +117,13 @@ def test_equivalents_need_an_id_and_a_reason():
 
 def test_score_counts_only_non_equivalent_mutants():
     assert score(19, 1) == 0.95 and score(0, 0) == 1.0
+
+
+def test_lines_inside_a_docstring_are_not_code():
+    text = 'def f(x):\n    """Doc\n    x == 1 is prose\n    """\n    return x == 1  # note\n'
+    assert code_lines(text) == {1, 5}
+    prose = Mutant("megatron/x.py", 3, "    x == 1 is prose", "    x != 1 is prose", "flip comparison")
+    code = Mutant("megatron/x.py", 5, "    return x == 1  # note", "    return x != 1  # note",
+                  "flip comparison")
+    assert in_code([prose, code], {"megatron/x.py": text}) == [code]
+    assert code_lines("def f(:\n") is None

@@ -147,6 +147,39 @@ def mutants_of_patch(patch_text: str, prefix: str = "megatron/") -> list:
     return out
 
 
+_NOT_CODE = {tokenize.STRING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+             tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
+_NOT_CODE |= {getattr(tokenize, n) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")
+              if hasattr(tokenize, n)}
+
+
+def code_lines(text: str):
+    """Line numbers of ``text`` that hold code (not only a docstring, string or comment), or
+    None when the file does not tokenize. A line inside a multi-line docstring looks like code
+    on its own; prove keeps only mutants of these lines."""
+    lines = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type not in _NOT_CODE:
+                lines.update(range(tok.start[0], tok.end[0] + 1))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    return lines
+
+
+def in_code(mutants: list, path_text: dict) -> list:
+    """The mutants whose line is code in its file (``path_text``: path -> patched file text)."""
+    keep = []
+    cache = {}
+    for m in mutants:
+        if m.path not in cache:
+            cache[m.path] = code_lines(path_text[m.path]) if m.path in path_text else None
+        lines = cache[m.path]
+        if lines is None or m.line in lines:
+            keep.append(m)
+    return keep
+
+
 def sample(mutants: list, count: int, seed: int = 0) -> list:
     """``count`` mutants chosen with ``random.Random(seed)``, in patch order; all if fewer."""
     if count < 0:

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.materialize import materialize, upstream_version
-from tools.rebase.mutants import apply_mutant, load_equivalents, mutants_of_patch, sample, score
+from tools.rebase.mutants import (
+    apply_mutant,
+    in_code,
+    load_equivalents,
+    mutants_of_patch,
+    sample,
+    score,
+)
 from tools.rebase.pin import load_pin
 from tools.rebase.prove import (
     _build_without,
@@ -93,7 +100,9 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> lis
                 scores.append(result)
                 log(f"mutants: {index + 1:04d} {patch.name}: skipped, {result.note}")
                 continue
-            for mutant in sample(mutants_of_patch(patch.path.read_text(errors="replace")), count, seed):
+            candidates = mutants_of_patch(patch.path.read_text(errors="replace"))
+            texts = {p: (run / p).read_text() for p in {m.path for m in candidates} if (run / p).is_file()}
+            for mutant in sample(in_code(candidates, texts), count, seed):
                 target = run / mutant.path
                 original = target.read_text()
                 mutated = apply_mutant(original, mutant)
