@@ -56,9 +56,29 @@ def _cmd_list(args, lay):
     return 0
 
 
+def _cmd_prove_mutants(args, lay):
+    from tools.rebase.proof.prove import stack_digest_now
+    from tools.rebase.proof.prove_mutants import mutate, table, write_mutant_record
+
+    if args.mutants < 1:
+        raise RebaseError(f"--mutants needs a count >= 1, got {args.mutants}")
+    proved_digest = stack_digest_now(lay)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        scores = mutate(lay, args.patches, args.mutants, args.seed)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stdout.write(table(scores))
+    if args.record:
+        print(f"wrote {write_mutant_record(lay, scores, args.mutants, args.seed, proved_digest)}")
+    return 1 if any(s.survivors for s in scores) else 0
+
+
 def _cmd_prove(args, lay):
     from tools.rebase.proof.prove import UNPROVEN, prove, stack_digest_now, table, write_record
 
+    if args.mutants is not None:
+        return _cmd_prove_mutants(args, lay)
     if args.record and args.patches:
         raise RebaseError("--record proves every patch of the series; leave out the patch names")
     # A terminated run still removes its scratch directories (and kills its pytest child).
@@ -105,6 +125,10 @@ def build_parser():
     p.add_argument("patches", nargs="*", metavar="PATCH", help="Patch-Name, file name or number (default: all)")
     p.add_argument("--record", action="store_true",
                    help="write patches/proof.json (the README's verdict column); needs every patch")
+    p.add_argument("--mutants", type=int, metavar="N",
+                   help="instead: run N seeded mutants of each patch's added lines against its Tests: "
+                        "and report killed/survived (slow: N+1 test runs per patch)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mutant sample (default 0)")
     p.set_defaults(func=_cmd_prove)
     register_bump_and_report(sub)  # they live in bump_cli.py
     return parser

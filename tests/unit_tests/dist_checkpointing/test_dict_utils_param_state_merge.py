@@ -110,6 +110,33 @@ class TestParamStateListMerge:
         assert f"element {BUCKET + (1,)} of the second list has no counterpart" in msg
         assert len(bucket_of(ckpt)) == 3 and bucket_of(ckpt)[1] == {'step': 'p0'}
 
+    @pytest.mark.parametrize('longer', ['first', 'second'])
+    def test_more_parameters_on_one_side_names_the_unmatched_element(self, longer):
+        # The unmatched parameter is not the list's last element: the error names that one.
+        one, two = [{'step': 'p0'}], [{'step': 'p0'}, {'step': 'p1'}, {'padding': True}]
+        ckpt, run = (two, one) if longer == 'first' else (one, two)
+        with pytest.raises(ValueError) as err:
+            merge(bucket_tree(ckpt), bucket_tree(run))
+        assert f"element {BUCKET + (1,)} of the {longer} list has no counterpart" in str(err.value)
+
+    def test_unflagged_checkpoint_of_the_same_length_is_merged_by_position(self):
+        # An older run's checkpoint: its entries have no `padding` field (but, like every
+        # dp_reshardable bucket list, one entry per parameter and per gap, each with its
+        # `step`). Same length means the same bucket layout, and an unflagged list does not say
+        # where its gaps are, so position is the only pairing it supports; the run's flags win.
+        # The real dp_reshardable load relies on this too: one side of its merge carries no
+        # `padding` field (see test_distrib_optimizer_dp_reshardable's DP round trips). Pairing
+        # by identity would count three parameters against two and refuse the load.
+        ckpt = bucket_tree([{'step': 'p0'}, {'step': 'gap'}, {'step': 'p1'}])
+        run = bucket_tree(
+            [{'padding': False, 'a': 'q0'}, {'padding': True}, {'padding': False, 'a': 'q1'}]
+        )
+        assert bucket_of(merge(ckpt, run)) == [
+            {'step': 'p0', 'padding': False, 'a': 'q0'},
+            {'step': 'gap', 'padding': True},
+            {'step': 'p1', 'padding': False, 'a': 'q1'},
+        ]
+
     def test_equal_lengths_unchanged(self):
         x1, x2 = bucket_tree([{'a': 1}, {'c': 3}]), bucket_tree([{'b': 2}, {'d': 4}])
         merged = bucket_of(merge(x1, x2))

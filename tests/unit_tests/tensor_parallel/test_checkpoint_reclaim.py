@@ -177,6 +177,17 @@ class TestReclaimInModels:
         model(tokens, position_ids, mask, labels=tokens).mean().backward()
         return model, seen, mtp_seen
 
+    def test_off_by_default_keeps_every_chunk_input(self):
+        # Reclaim changes when storage is freed, so it is opt-in: a config that does not ask for
+        # it must behave like upstream and keep every checkpoint input until the next step.
+        assert tiny_moe_mtp_config(**RECOMPUTE).recompute_reclaim_inputs is False
+        torch.manual_seed(0)
+        model = build_gpt(tiny_moe_mtp_config(**RECOMPUTE))
+        seen = _first_inputs(model, enumerate(model.decoder.layers))
+        tokens, position_ids, mask = causal_batch()
+        model(tokens, position_ids, mask, labels=tokens).mean().backward()
+        assert [seen[i].untyped_storage().nbytes() > 0 for i in sorted(seen)] == [True, True]
+
     def test_gpt_moe_mtp_full_recompute_flag_on_equals_off(self):
         off, _, _ = self._run(False)
         on, seen, _ = self._run(True, state=off.state_dict())

@@ -19,6 +19,7 @@ from megatron.core.transformer.hyper_connection import (
     HyperConnectionHead,
     expand_streams,
     sinkhorn_log,
+    validate_hyper_connection_config,
 )
 from megatron.core.transformer.transformer_block import TransformerBlock
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
@@ -411,6 +412,26 @@ class TestLayerOptionsUnderMHC:
         with pytest.raises(ValueError, match=f"enable_mhc_connections does not support {field}"):
             mhc_config(**{field: value}, **extra)
 
+    @pytest.mark.parametrize(
+        "field, value",
+        [
+            ("fine_grained_activation_offloading", True),
+            ("cuda_graph_impl", "local"),
+            ("inference_fuse_tp_communication", True),
+            ("overlap_moe_expert_parallel_comm", True),
+        ],
+    )
+    def test_options_the_mhc_forward_bypasses_are_refused(self, field, value):
+        # These options have prerequisites of their own (CUDA, TP/EP > 1) that the tiny CPU
+        # config cannot meet, so the mHC check is run on a valid config with the field set.
+        cfg = mhc_config()
+        validate_hyper_connection_config(cfg)
+        setattr(cfg, field, value)
+        with pytest.raises(
+            ValueError, match=f"enable_mhc_connections does not support {field}={value}"
+        ):
+            validate_hyper_connection_config(cfg)
+
     def test_selective_recompute_of_layer_norms_is_refused(self):
         with pytest.raises(ValueError, match=r"selective recompute of \['layernorm'\]"):
             mhc_config(recompute_granularity="selective", recompute_modules=["layernorm"])
@@ -544,9 +565,111 @@ def _pipeline_parallel_two_stages(rank, world_size):
     assert not missing, f"rank {rank}: no grad for {missing}"
 
 
+def _interleaved_pipeline_two_ranks(rank, world_size):
+    """The interleaved (VPP) schedule: 2 pipeline ranks x 2 model chunks, one layer each. Every
+    chunk boundary sends the n streams, so the schedule's buffers must be [s, b, n*h]."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import schedules
+
+    Utils.initialize_model_parallel(
+        pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2
+    )
+    torch.manual_seed(3)
+    cfg = mhc_config(
+        num_layers=4,
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=2,
+        pipeline_dtype=torch.float32,
+    )
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+    chunks = [
+        GPTModel(
+            cfg,
+            spec,
+            vocab_size=VOCAB,
+            max_sequence_length=SEQ,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            vp_stage=stage,
+        )
+        for stage in range(2)
+    ]
+    sent = []
+    for chunk in chunks:
+        chunk.decoder.register_forward_hook(lambda m, a, out: sent.append(tuple(out.shape)))
+    batches = [causal_batch(seed=m) for m in range(4)]
+
+    def forward_step(data_iterator, chunk):
+        tokens, position_ids, mask = next(data_iterator)
+        out = chunk(tokens, position_ids, mask, labels=tokens)
+
+        def loss_func(output):
+            loss = output.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        return out, loss_func
+
+    losses = schedules.forward_backward_pipelining_with_interleaving(
+        forward_step_func=forward_step,
+        data_iterator=[iter(batches) for _ in chunks],
+        model=chunks,
+        num_microbatches=4,
+        seq_length=SEQ,
+        micro_batch_size=BATCH,
+        forward_only=False,
+    )
+    # Each rank holds one chunk whose decoder hands n streams to the next stage.
+    assert (SEQ, BATCH, N * cfg.hidden_size) in sent, sent
+    if rank == 1:
+        assert len(losses) == 4 and all(torch.isfinite(l["loss"]) for l in losses)
+    missing = [n for c in chunks for n, p in c.named_parameters() if p.grad is None]
+    assert not missing, f"rank {rank}: no grad for {missing}"
+
+
+def _pipeline_parallel_inference_two_stages(rank, world_size):
+    """Inference with PP=2 through the inference wrapper: the last stage receives the first
+    stage's n streams, so its receive buffer must be [s, b, n*h]."""
+    import torch.distributed as dist
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.inference.contexts import StaticInferenceContext
+    from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import (
+        GPTInferenceWrapper,
+    )
+
+    Utils.initialize_model_parallel(1, 2)
+    torch.manual_seed(5)
+    cfg = mhc_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+    model = GPTModel(
+        cfg,
+        spec,
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+    ).eval()
+    wrapper = GPTInferenceWrapper(model, StaticInferenceContext(BATCH, SEQ))
+    wrapper.prep_model_for_inference()
+    assert wrapper._allocate_recv_buffer(BATCH, SEQ).shape == (SEQ, BATCH, N * cfg.hidden_size)
+    tokens, _, mask = causal_batch()
+    inference_input = wrapper.prep_inference_input(tokens)
+    inference_input["attention_mask"] = mask  # the default causal mask is made on CUDA
+    logits = wrapper.run_one_forward_step(inference_input)
+    if rank == 1:
+        assert logits.shape[:2] == (BATCH, SEQ) and torch.isfinite(logits).all()
+    dist.barrier()
+
+
 class TestPipelineParallel:
+    def test_inference_wrapper_two_gloo_ranks(self):
+        run_distributed(_pipeline_parallel_inference_two_stages, 2)
+
     def test_two_gloo_ranks_forward_backward(self):
         run_distributed(_pipeline_parallel_two_stages, 2)
+
+    def test_interleaved_schedule_two_gloo_ranks(self):
+        run_distributed(_interleaved_pipeline_two_ranks, 2)
 
 
 @pytest.mark.gpu

@@ -17,9 +17,46 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
     causal_batch,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, run_distributed
 from tests.unit_tests.transformer.mtp_testing import train_on_batch
 from tests.unit_tests.transformer.test_hyper_connection import N, mhc_config, mhc_mtp_config
+
+
+def _mtp_under_sequence_parallel(rank, world_size):
+    """TP=2 with sequence parallelism: each rank's MTP layer projects its own sequence shard of
+    the n streams (eh_proj gathers the TP-split output, then it is scattered back over the
+    sequence), so its inner layer sees [s/tp, b, n*h] like the decoder layers."""
+    from tests.unit_tests import cpu_compat
+    from tests.unit_tests.transformer.moe.test_router_replay_ep_sp import (
+        _allow_torch_norm_under_sequence_parallel,
+    )
+
+    _allow_torch_norm_under_sequence_parallel()  # forward only, see there
+    Utils.initialize_model_parallel(tensor_model_parallel_size=2)
+    torch.manual_seed(0)
+    cfg = mhc_mtp_config(tensor_model_parallel_size=2, sequence_parallel=True)
+    model = build_gpt(cfg).to(cpu_compat.device())
+    model.eval()
+    layer = model.mtp.layers[0]
+    original, seen = layer._concat_embeddings, {}
+
+    def recording(hidden_states, decoder_input):
+        out = original(hidden_states, decoder_input)
+        seen.update(multistream=tuple(hidden_states.shape), projected=tuple(out.shape))
+        return out
+
+    layer._concat_embeddings = recording
+    tokens, position_ids, mask = causal_batch()
+    with torch.no_grad():
+        loss = model(tokens, position_ids, mask, labels=tokens)
+    shard = (SEQ // 2, BATCH, N * cfg.hidden_size)
+    assert seen == {"multistream": shard, "projected": shard}, seen
+    assert loss.shape == (BATCH, SEQ) and torch.isfinite(loss).all()
+
+
+class TestMTPMultistreamSequenceParallel:
+    def test_two_gloo_ranks_tp2(self):
+        run_distributed(_mtp_under_sequence_parallel, 2)
 
 
 class TestMTPMultistream:
@@ -80,6 +117,27 @@ class TestMTPMultistream:
         missing = [n for n, p in model.named_parameters() if p.grad is None]
         assert not missing, missing
 
+    def test_mtp_layer_checks_the_multistream_it_gets(self):
+        model = build_gpt(mhc_mtp_config())
+        h = model.config.hidden_size
+        contracted = torch.randn(SEQ, BATCH, h)  # [s, b, h]: the contracted hidden, not n streams
+        with pytest.raises(
+            ValueError,
+            match=rf"MultiTokenPredictionLayer\._concat_embeddings: mhc_multistream must be "
+            rf"\[s, b, {N * h}\].*got \({SEQ}, {BATCH}, {h}\)",
+        ):
+            model.mtp.layers[0]._concat_embeddings(contracted, torch.randn(SEQ, BATCH, h))
+
+    def test_stage_that_contracts_must_hold_the_last_layer(self):
+        # With MTP the contracting stage returns the multistream; a block that holds the last
+        # decoder layer without post_process (or the reverse) would hand MTP the wrong one.
+        cfg = mhc_mtp_config()
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+        with pytest.raises(ValueError, match=r"the last decoder layer and the MTP layers on the "
+                           r"same \(last\) pipeline stage"):
+            TransformerBlock(cfg, spec, post_process=False)
+        TransformerBlock(mhc_config(), spec, post_process=False)  # no MTP: nothing to hand over
+
     def test_dropped_multistream_is_a_clear_error(self):
         model = build_gpt(mhc_mtp_config())
         original = model._postprocess
@@ -110,3 +168,37 @@ class TestMTPMultistream:
         for prefix in ("decoder.", "mtp."):
             grads = [p.grad for n, p in model.named_parameters() if n.startswith(prefix)]
             assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), prefix
+
+
+class TestMTPSpeculativeDecodingUnderMHC:
+    """MTP drafting needs the decoder's multistream at the accepted positions, which the
+    inference engine does not keep: refused with the options to change, not a TypeError."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def _draft_inputs(self, cfg, n=3):
+        hidden = torch.randn(n, 1, cfg.hidden_size)
+        next_tokens = torch.randint(0, 64, (1, n))
+        positions = torch.arange(n).unsqueeze(0)
+        return hidden, next_tokens, positions
+
+    def test_drafting_step_is_refused_naming_the_options(self):
+        model = build_gpt(mhc_mtp_config()).eval()
+        with torch.no_grad(), pytest.raises(
+            ValueError,
+            match=r"MultiTokenPredictionLayer\.forward_single_position: enable_mhc_connections "
+            r"does not support MTP speculative decoding.*num_speculative_tokens=0",
+        ):
+            model.compute_mtp_single_step(*self._draft_inputs(model.config))
+
+    def test_engine_check_refuses_speculative_tokens_only(self):
+        from megatron.core.transformer.mhc_multistream import refuse_mtp_speculative_decoding
+
+        cfg = mhc_mtp_config()
+        refuse_mtp_speculative_decoding(cfg, 0, "DynamicInferenceEngine")  # plain decoding is fine
+        with pytest.raises(ValueError, match=r"DynamicInferenceEngine: .*num_speculative_tokens=2"):
+            refuse_mtp_speculative_decoding(cfg, 2, "DynamicInferenceEngine")

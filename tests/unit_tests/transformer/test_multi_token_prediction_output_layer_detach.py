@@ -89,6 +89,12 @@ class TestMTPDetachOutputLayerConfig:
         with pytest.raises(ValueError, match="needs MTP layers, but mtp_num_layers is None"):
             tiny_moe_mtp_config(mtp_num_layers=None, mtp_detach_output_layer=True)
 
+    def test_rejects_the_mxfp8_output_projection(self):
+        with pytest.raises(ValueError, match="not supported with fp8_output_proj=True"):
+            tiny_moe_mtp_config(
+                mtp_detach_output_layer=True, fp8="e4m3", fp8_recipe="mxfp8", fp8_output_proj=True
+            )
+
     def test_accepts_alone(self):
         config = tiny_moe_mtp_config(mtp_detach_output_layer=True)
         assert config.mtp_detach_output_layer and not config.mtp_detach_heads

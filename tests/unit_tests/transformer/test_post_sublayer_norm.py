@@ -158,6 +158,17 @@ class TestPostSublayerNorm:
         with pytest.raises(ValueError, match="post_mlp_layernorm"):
             build_module(upstream_layer_spec(local_layer_spec(config)), config=config)
 
+    def test_norm_returning_a_tuple_is_rejected(self):
+        from megatron.core.transformer.post_sublayer_norm import apply_post_sublayer_norm
+
+        class ResidualStyleNorm(torch.nn.Module):  # like a norm built with has_residual=True
+            def forward(self, x):
+                return x, x
+
+        out = torch.randn(3, 2, 8)
+        with pytest.raises(TypeError, match="ResidualStyleNorm returned a tuple"):
+            apply_post_sublayer_norm(ResidualStyleNorm(), (out, None))
+
     def test_fused_tp_inference_is_rejected(self):
         with pytest.raises(ValueError, match="inference_fuse_tp_communication"):
             layer_config(

@@ -170,6 +170,11 @@ def check(layout, log=print) -> list:
     _, stale_proof = read_record(layout)
     if stale_proof:
         problems.append(stale_proof)
+    from tools.rebase.proof.prove_mutants import mutant_record_problem
+
+    stale_mutants = mutant_record_problem(layout)
+    if stale_mutants:
+        problems.append(stale_mutants)
 
     if readme_is_stale(layout):
         problems.append(f"{layout.rel(layout.readme)}: the patch table is stale; run python -m tools.rebase "

@@ -27,6 +27,7 @@ from tools.rebase.stack.series import load_stack
 from tools.rebase.stack.source import base_tag, import_base
 from tools.rebase.stack.stack import am_one
 from tools.rebase.stack.state import current_digest
+from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
 
@@ -98,11 +99,15 @@ def outcomes_for(node_ids: list, report: dict) -> dict:
     return out
 
 
+def _shim_dir(run: Path) -> Path:
+    """Next to the run directory (not in it): the isolation ``sitecustomize`` (see isolation)."""
+    return run.parent / "isolation"
+
+
 def _pytest_once(run: Path, node_ids: list) -> dict:
     report_file = run / ".prove-report.json"
     report_file.unlink(missing_ok=True)
-    env = dict(os.environ, FORK_PROVE_REPORT=str(report_file), PYTHONPATH=str(run),
-               PYTHONDONTWRITEBYTECODE="1")
+    env = isolated_env(run, _shim_dir(run), FORK_PROVE_REPORT=str(report_file))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
          "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
@@ -201,7 +206,7 @@ def _import_failure(run: Path):
 
     A later patch can apply cleanly without the one being proven and still import a module only
     that one adds; then nothing can be tested until that later patch is dropped too."""
-    env = dict(os.environ, PYTHONPATH=str(run), PYTHONDONTWRITEBYTECODE="1")
+    env = isolated_env(run, _shim_dir(run))
     proc = subprocess.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env,
                           capture_output=True, text=True)
     if proc.returncode == 0:
@@ -310,8 +315,14 @@ def write_record(layout, proofs: list, proved_digest: str) -> Path:
         "patches": [asdict(p) for p in proofs],
     }
     path = proof_path(layout)
-    from tools.rebase.git.safefs import write_file
+    from tools.rebase.git.safefs import read_nofollow, write_file
 
+    try:  # keep the mutant scores (prove --mutants --record) next to the verdicts
+        kept = json.loads(read_nofollow(path)).get("mutants") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        kept = None
+    if kept is not None:
+        data["mutants"] = kept
     write_file(layout.root, path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 

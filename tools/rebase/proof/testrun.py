@@ -9,7 +9,9 @@ environment.
 import re
 import subprocess
 import sys
+import tempfile
 
+from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.testids import invalid_test_id
 
 COULD_NOT_RUN = "could not run"
@@ -44,9 +46,10 @@ def run_pytest(root, node_ids: list) -> dict:
         return {**refused, **run_pytest(root, [n for n in node_ids if n not in refused])}
     if not node_ids:
         return {}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
-                           "--continue-on-collection-errors", "--", *node_ids],  # "--": an id is never an option
-                          cwd=root, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="fork-isolation-") as shim:  # root's megatron only
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--no-header", "-rfE",
+                               "--continue-on-collection-errors", "--", *node_ids],  # "--": an id is never an option
+                              cwd=root, env=isolated_env(root, shim), capture_output=True, text=True)
     text = proc.stdout + "\n" + proc.stderr
     if proc.returncode == 4 and len(node_ids) > 1:  # a bad node id stops the whole run: go one by one
         out = {}

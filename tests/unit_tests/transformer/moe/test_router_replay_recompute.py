@@ -287,6 +287,33 @@ class TestRouterReplayRecomputeInProcess:
             assert torch.equal(routing, indices_to_map(train[number], NUM_EXPERTS)), number
 
 
+class TestRecomputeRoutingBookkeeping:
+    def teardown_method(self, method):
+        reset_router_replay()
+
+    def test_recompute_routing_more_often_than_its_forward_is_a_clear_error(self):
+        from megatron.core.transformer.moe.router_replay import RecomputeRouting
+
+        instance = RouterReplay()
+        instance.layer_number = 3
+        scores = torch.rand(TOKENS, NUM_EXPERTS)
+
+        def free_topk(s, k, *_):
+            values, indices = torch.topk(s, k, dim=1)
+            return values, indices
+
+        routing = RecomputeRouting()
+        with routing.forward():
+            _, kept = instance.get_replay_topk(scores, TOPK, default_compute_topk=free_topk)
+        with routing.recompute():
+            other = torch.rand(TOKENS, NUM_EXPERTS)
+            probs, again = instance.get_replay_topk(other, TOPK, default_compute_topk=free_topk)
+            assert torch.equal(again, kept) and torch.equal(probs, other.gather(1, kept))
+            with pytest.raises(RuntimeError, match=r"\(layer 3\): the recompute routes this layer "
+                               "more often than its checkpointed forward did"):
+                instance.get_replay_topk(other, TOPK, default_compute_topk=free_topk)
+
+
 class TestRouterReplayPipelineSchedulesWithFullRecompute:
     """PP=2 on two gloo ranks (CPU)."""
 

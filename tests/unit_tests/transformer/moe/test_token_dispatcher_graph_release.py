@@ -21,7 +21,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     causal_batch,
     tiny_moe_mtp_config,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, run_distributed
 
 FULL_RECOMPUTE = dict(
     recompute_granularity="full",
@@ -130,3 +130,68 @@ class TestDispatcherReleasesGraph:
                     assert value.grad_fn is None and not value.requires_grad, (
                         f"{name}.token_dispatcher.{attr} keeps the autograd graph alive"
                     )
+
+
+def _cpu_streams_for_alltoall():
+    """The alltoall dispatcher makes a side stream for its device-to-host copies; on CPU (in a
+    spawned rank only) that stream is the current one and entering it does nothing."""
+    import contextlib
+
+    class _HostStream:
+        def record_event(self):
+            return self  # an event whose synchronize() returns at once
+
+        def synchronize(self):
+            pass
+
+    stream = _HostStream()
+    torch.cuda.Stream = lambda *args, **kwargs: stream
+    torch.cuda.current_stream = lambda *args, **kwargs: stream
+    torch.cuda.stream = lambda s: contextlib.nullcontext()
+
+
+def _train_step_with_parallel_dispatcher(rank, world_size, dispatcher, sizes):
+    """One forward/backward of a tiny MoE GPT whose dispatcher communicates across two ranks:
+    the combine then casts to the probs' dtype (``tp > 1 or ep > 1``), the path that needs the
+    dtype the dispatcher kept in place of the probs tensor."""
+    from tests.unit_tests import cpu_compat
+
+    if dispatcher == "alltoall" and not torch.cuda.is_available():
+        _cpu_streams_for_alltoall()
+    Utils.initialize_model_parallel(
+        tensor_model_parallel_size=sizes.get("tensor_model_parallel_size", 1),
+        expert_model_parallel_size=sizes.get("expert_model_parallel_size", 1),
+        expert_tensor_parallel_size=sizes.get("expert_tensor_parallel_size", None),
+    )
+    torch.manual_seed(0)
+    config = tiny_moe_mtp_config(
+        moe_token_dispatcher_type=dispatcher, mtp_num_layers=None, **sizes
+    )
+    model = build_gpt(config, with_mtp=False).to(cpu_compat.device())
+    tokens, position_ids, mask = causal_batch()
+    loss = model(tokens, position_ids, mask, labels=tokens)
+    assert torch.isfinite(loss).all()
+    loss.mean().backward()
+    dispatchers = [layer.mlp.token_dispatcher for layer in model.decoder.layers]
+    assert all(d.probs_dtype == torch.float32 for d in dispatchers)
+    for d in dispatchers:
+        held = [a for a, v in vars(d).items() if isinstance(v, torch.Tensor) and v.requires_grad]
+        assert not held, f"rank {rank}: the dispatcher holds graph tensors {held}"
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"rank {rank}: no gradient for {missing}"
+
+
+class TestDispatcherAcrossTwoRanks:
+    """tp > 1 / ep > 1 on two spawned gloo ranks (CPU): the combine's dtype cast runs."""
+
+    def test_allgather_with_expert_parallel(self):
+        run_distributed(
+            _train_step_with_parallel_dispatcher, 2, "allgather",
+            dict(expert_model_parallel_size=2, expert_tensor_parallel_size=1),
+        )
+
+    def test_alltoall_with_expert_tensor_parallel(self):
+        run_distributed(
+            _train_step_with_parallel_dispatcher, 2, "alltoall",
+            dict(expert_tensor_parallel_size=2),
+        )
