@@ -22,6 +22,10 @@ def test_example_runs(script):
     # As the README runs them, from the checkout root; PYTHONPATH makes this checkout's megatron/
     # win over an installed copy.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # A newcomer's shell has no rendezvous address: an earlier in-process test's MASTER_PORT (the
+    # harness keeps it in os.environ) would make every example bind that one port.
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,6 +1,8 @@
 """Client-library tests: each runs inside ``megatron.core.cpu_harness`` and puts back every class
 attribute that a client's monkey patch replaced, so the tests stay independent."""
 
+import os
+
 import pytest
 
 from megatron.core import cpu_harness
@@ -28,6 +30,19 @@ PATCHED_BY_CLIENTS = [
     (MLASelfAttention, "get_query_key_value_tensors"),
     (MultiLatentAttention, "forward"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_env_restored():
+    """``cpu_harness`` sets MASTER_ADDR/MASTER_PORT when they are unset and leaves them; later
+    tests that start processes of their own must not inherit this test's port."""
+    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture
