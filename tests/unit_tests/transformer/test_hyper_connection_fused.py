@@ -334,7 +334,11 @@ class TestFusedKernelsInterpreter:
         )
 
     def test_modules_fused_equal_native(self):
-        _modules_fused_vs_native(n=3, h=24, s=3, b=2, dtype=torch.float32, device="cpu", tol=1e-5)
+        # Both sides are float32 and sum in different orders: the scalar alpha gradients are sums
+        # with cancellation, which differ by up to ~2e-5 relative between triton releases (3.9.0:
+        # 1.4e-5). A wrong kernel is off by orders of magnitude more; the float64 references above
+        # keep the tight bound.
+        _modules_fused_vs_native(n=3, h=24, s=3, b=2, dtype=torch.float32, device="cpu", tol=5e-5)
 
     def test_fused_saves_no_copies_of_the_streams(self):
         assert _saved_stream_copies(fused, "cpu", torch.float32) == []
