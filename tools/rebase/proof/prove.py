@@ -10,12 +10,12 @@ on SIGTERM: the CLI turns it into an exit).
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -246,19 +246,29 @@ def select(patches: list, wanted) -> list:
     return sorted(out)
 
 
-def prove(layout, wanted=None, log=print, runner=None) -> list:
-    """Prove the selected patches; return one :class:`Proof` per patch, in series order."""
-    runner = runner or run_tests
-    pin = load_pin(layout.pin)
-    _, patches = load_stack(layout)
-    chosen = select(patches, wanted)
-    tmp = Path(tempfile.mkdtemp(prefix="fork-prove-"))
-    proofs = []
+@contextmanager
+def scratch_stack(layout, patches: list, prefix: str):
+    """``(repo, base, commits, run)``: the whole stack replayed in a scratch repo (one commit per
+    patch on the base) and a run directory with the checkout's tests; removed on exit. ``prove``
+    and ``prove --mutants`` both start here."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        repo, base = _scratch_repo(layout, pin, tmp)
+        repo, base = _scratch_repo(layout, load_pin(layout.pin), tmp)
         commits = [am_one(repo, p.path.resolve(), three_way=True) for p in patches]
         run = tmp / "run"
         _prepare_run_dir(layout, run)
+        yield repo, base, commits, run
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prove(layout, wanted=None, log=print, runner=None) -> list:
+    """Prove the selected patches; return one :class:`Proof` per patch, in series order."""
+    runner = runner or run_tests
+    _, patches = load_stack(layout)
+    chosen = select(patches, wanted)
+    proofs = []
+    with scratch_stack(layout, patches, "fork-prove-") as (repo, base, commits, run):
         for index in chosen:
             patch = patches[index]
             proof = Proof(patch.name, tests=len(patch.tests))
@@ -275,8 +285,6 @@ def prove(layout, wanted=None, log=print, runner=None) -> list:
             log(f"prove: {index + 1:04d} {patch.name}: {proof.verdict} "
                 f"({proof.failed}/{proof.tests} failed without it)" + (f"; {proof.note}" if proof.note else ""))
             proofs.append(proof)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return proofs
 
 

@@ -11,8 +11,6 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,18 +24,15 @@ from tools.rebase.proof.mutants import (
     sample,
     score,
 )
-from tools.rebase.stack.pin import load_pin
 from tools.rebase.proof.prove import (
     _build_without,
-    _prepare_run_dir,
-    _scratch_repo,
     proof_path,
     run_tests,
+    scratch_stack,
     select,
     stack_digest_now,
 )
 from tools.rebase.stack.series import load_stack
-from tools.rebase.stack.stack import am_one
 from tools.rebase.proof.testids import missing_test
 
 EQUIVALENTS_FILE = "mutants-equivalent.toml"
@@ -75,17 +70,11 @@ def _outcome(outcomes: dict) -> str:
 def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> list:
     """Score the selected patches; one :class:`MutantScore` per patch, in series order."""
     runner = runner or run_tests
-    pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
     chosen = select(patches, wanted)
     equivalents = _equivalents(layout)
-    tmp = Path(tempfile.mkdtemp(prefix="fork-mutants-"))
     scores = []
-    try:
-        repo, _ = _scratch_repo(layout, pin, tmp)
-        commits = [am_one(repo, p.path.resolve(), three_way=True) for p in patches]
-        run = tmp / "run"
-        _prepare_run_dir(layout, run)
+    with scratch_stack(layout, patches, "fork-mutants-") as (repo, _, commits, run):
         for index in chosen:
             patch = patches[index]
             result = MutantScore(patch.name)
@@ -131,8 +120,6 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> lis
             log(f"mutants: {index + 1:04d} {patch.name}: {result.killed} killed, "
                 f"{len(result.survivors)} survived, {len(result.equivalent)} equivalent")
             scores.append(result)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return scores
 
 
