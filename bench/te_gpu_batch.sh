@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
-# Usage: bash bench/te_gpu_batch.sh STEP...   with STEP in: check, te-tests, suite, smoke, bench
-# Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree).
+# Usage: bash bench/te_gpu_batch.sh STEP...   with STEP in: check, te-tests, suite, smoke, bench, upstream-tests
+# Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
+# upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -15,6 +16,7 @@ TE_TESTS="tests/unit_tests/transformer/moe/test_router_replay_other_checkpoints.
  tests/unit_tests/transformer/moe/test_int4_fake_qat.py
  tests/unit_tests/transformer/test_post_sublayer_norm.py
  tests/unit_tests/transformer/test_multi_token_prediction_output_layer_detach.py"
+UPSTREAM_TEST_FILES=${UPSTREAM_TEST_FILES:-"tests/unit_tests/transformer/test_multi_token_prediction.py tests/unit_tests/transformer/test_transformer_layer.py tests/unit_tests/transformer/test_transformer_block.py tests/unit_tests/models/test_gpt_model.py tests/unit_tests/transformer/moe/test_moe_layer.py tests/unit_tests/transformer/moe/test_routers.py tests/unit_tests/transformer/moe/test_token_dispatcher.py tests/unit_tests/transformer/moe/test_grouped_mlp.py tests/unit_tests/transformer/moe/test_router_replay.py tests/unit_tests/dist_checkpointing/test_optimizer.py tests/unit_tests/tensor_parallel/test_layers.py"}
 for step in "$@"; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -36,5 +38,20 @@ for step in "$@"; do
         --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
+    upstream-tests)
+      # Upstream's own unit tests with TE, fork vs pristine upstream, side by side on the GPU; each side
+      # sees only its own megatron/ (a one-entry folder on PYTHONPATH) and upstream's tests/ as cwd.
+      mkdir -p /tmp/side-fork /tmp/side-upstream
+      ln -sfn "$PWD/megatron" /tmp/side-fork/megatron; ln -sfn "$PWD/$UP/megatron" /tmp/side-upstream/megatron
+      port=29611
+      for side in fork upstream; do
+        (cd .upstream-tests && MASTER_PORT=$port PYTHONPATH=/tmp/side-$side:/tmp/site timeout ${UT_TIMEOUT:-420} \
+          python3 -m pytest $UPSTREAM_TEST_FILES -p no:cacheprovider -q --continue-on-collection-errors --junitxml="$OUT/ut-$side.xml" \
+          > "$OUT/ut-$side.log" 2>&1) &
+        port=$((port + 1))
+      done
+      wait
+      tail -n 3 "$OUT/ut-fork.log" "$OUT/ut-upstream.log"
+      python3 bench/junit_compare.py "$OUT/ut-fork.xml" "$OUT/ut-upstream.xml" | tee "$OUT/ut-compare.txt" | tail -40 ;;
   esac
 done

@@ -394,19 +394,30 @@ class TestMLAYarnRopeKernelsGPU:
         _check_wrappers(fused_rope, "cuda", layout, heads, k_dim, v_dim)
         torch.cuda.synchronize()
 
+    @pytest.mark.parametrize("layer_specs", ["local", "transformer_engine"])
     @pytest.mark.parametrize("heads,k_dim", [(20, 192), (24, 128), (16, 128)])
-    def test_fused_vs_unfused_mla_forward_backward(self, heads, k_dim):
+    def test_fused_vs_unfused_mla_forward_backward(self, heads, k_dim, layer_specs):
+        """The MLA layer with the fused YaRN kernels equals the unfused RoPE path, with the local
+        layer specs and with the Transformer Engine specs (TE linears and TE's own core attention,
+        which takes MLA's different key and value head sizes)."""
         import dataclasses
 
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.models.gpt import gpt_layer_specs
         from megatron.core.transformer.multi_latent_attention import MLASelfAttention
         from megatron.core.transformer.transformer_config import MLATransformerConfig
         from tests.unit_tests.test_utilities import Utils
 
+        if layer_specs == "transformer_engine":
+            pytest.importorskip("transformer_engine")
+            spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(multi_latent_attention=True)
+            spec = spec.submodules.self_attention
+            submodules = spec.submodules
+        else:
+            spec = gpt_layer_specs.get_gpt_layer_local_spec(multi_latent_attention=True)
+            spec = spec.submodules.self_attention
+            submodules = dataclasses.replace(spec.submodules, core_attention=_CausalCoreAttention)
         Utils.initialize_model_parallel(1, 1)
         try:
-            spec = get_gpt_layer_local_spec(multi_latent_attention=True).submodules.self_attention
-            submodules = dataclasses.replace(spec.submodules, core_attention=_CausalCoreAttention)
             torch.manual_seed(7)
             hidden = torch.randn(32, 2, 240, device="cuda")
             grad_out = torch.randn(32, 2, 240, device="cuda")

@@ -80,6 +80,16 @@ class TestInt4Quantizer:
         one = qat.int4_quantize_dequantize(weight[:, 128:], 1000)
         assert torch.equal(one, q[:, 128:])
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_ragged_result_is_a_contiguous_matrix(self, dtype):
+        # Transformer Engine's grouped GEMM reads the weights it gets as dense row-major memory:
+        # a strided view of the padded groups (what slicing off the padding gives when the dtype
+        # does not change) made it multiply garbage (TE 2.20.2, float32 expert weights).
+        weight = torch.randn(32, 64, dtype=dtype)
+        q = qat.int4_quantize_dequantize(weight, 48)
+        assert q.is_contiguous() and q.stride() == (64, 1)
+        assert torch.equal(q.clone(memory_format=torch.contiguous_format), q)
+
     def test_zero_group_stays_zero_and_scale_is_clamped(self):
         weight = torch.zeros(2, 8)
         weight[1, :4] = 1e-7
