@@ -434,6 +434,7 @@ class TestMLAYarnRopeKernelsGPU:
                     v_head_dim=128,
                     rope_type="yarn",
                     apply_rope_fusion=fusion,
+                    attention_dropout=0.0,  # TE's core attention applies it: runs would differ
                 )
                 attn = MLASelfAttention(config, submodules, layer_number=1, **spec.params)
                 attn = attn.cuda()
