@@ -60,6 +60,8 @@ def save_with_mtp_layers(hf_model, directory) -> dict:
     hf_model.save_pretrained(directory)
     extra = mtp_tensors(type(hf_model), hf_model.config, num_mtp_layers)
     weights = checkpoint_tensors(directory)
+    dtype = next(iter(weights.values())).dtype
+    extra = {name: value.to(dtype) for name, value in extra.items()}
     clash = sorted(set(weights) & set(extra))
     if clash:
         raise ValueError(f"MTP names already in the checkpoint: {clash[:3]}")
