@@ -14,7 +14,11 @@
 #
 # On the GPU machine, after ../shared/gpu-te's install.sh (TE in /tmp/site), one command:
 #   bash tests/integration/gpu_clients.sh install && bash tests/integration/gpu_clients.sh test
-# carry: .clients (and megatron/, materialized by `python -m tools.rebase apply`). `test` runs
+# carry: .clients (31 MB) and megatron/ (materialized by `python -m tools.rebase apply`). To stay
+# under a call's carry limit, split it by bridge, one call each while the machine stays warm:
+#   carry .clients/common .clients/mbridge          -> install mbridge && test mbridge
+#   carry .clients/common .clients/megatron-bridge  -> install megatron-bridge && test megatron-bridge
+# `test` runs
 #   PYTHONPATH=$PWD:/tmp/clients:/tmp/site    python3 -m pytest tests/integration/test_mbridge_round_trip.py -m gpu -q -rA
 #   PYTHONPATH=$PWD:/tmp/clients-mb:/tmp/site python3 -m pytest tests/integration/test_megatron_bridge_round_trip.py -m gpu -q -rA
 set -euo pipefail
@@ -85,36 +89,49 @@ install_target() {  # target, wheel folder, distributions whose requirements mus
     check_target "$1" "$3"
 }
 
-install() {
-    [ -d "$WHEELS/mbridge" ] && [ -d "$WHEELS/megatron-bridge" ] \
-        || { echo "gpu_clients: $WHEELS is missing: run 'download' where the index is, and carry it" >&2; exit 1; }
-    local before after
+install() {  # which: mbridge, megatron-bridge or all
+    local which=$1 before after
+    case "$which" in mbridge|megatron-bridge|all) ;; *) echo "gpu_clients: install what? '$which'" >&2; exit 2 ;; esac
+    [ -d "$WHEELS/common" ] || { echo "gpu_clients: $WHEELS/common is missing: run 'download' where the index is, and carry it" >&2; exit 1; }
     before=$(identity)
-    install_target "$MBRIDGE_TARGET" "$WHEELS/mbridge" transformers,huggingface_hub
-    install_target "$MEGATRON_BRIDGE_TARGET" "$WHEELS/megatron-bridge" transformers,huggingface_hub,omegaconf
+    if [ "$which" != megatron-bridge ]; then
+        [ -d "$WHEELS/mbridge" ] || { echo "gpu_clients: $WHEELS/mbridge is missing (carry it)" >&2; exit 1; }
+        install_target "$MBRIDGE_TARGET" "$WHEELS/mbridge" transformers,huggingface_hub
+        PYTHONPATH="$PWD:$MBRIDGE_TARGET" "$PY" -c 'import transformers, mbridge; print("gpu_clients: mbridge 0.15.1 and transformers", transformers.__version__, "import from", mbridge.__file__.rsplit("/", 2)[0])'
+    fi
+    if [ "$which" != mbridge ]; then
+        [ -d "$WHEELS/megatron-bridge" ] || { echo "gpu_clients: $WHEELS/megatron-bridge is missing (carry it)" >&2; exit 1; }
+        install_target "$MEGATRON_BRIDGE_TARGET" "$WHEELS/megatron-bridge" transformers,huggingface_hub,omegaconf
+        PYTHONPATH="$PWD:$MEGATRON_BRIDGE_TARGET" "$PY" -c 'import transformers; print("gpu_clients: transformers", transformers.__version__, "imports from", transformers.__file__.rsplit("/", 2)[0])'
+    fi
     after=$(identity)
     if [ "$before" != "$after" ]; then
         echo "gpu_clients: torch or the fork changed: before '$before', after '$after'" >&2
         exit 1
     fi
-    PYTHONPATH="$PWD:$MBRIDGE_TARGET" "$PY" -c 'import transformers, mbridge; print("gpu_clients: mbridge", mbridge.__version__ if hasattr(mbridge, "__version__") else "0.15.1", "transformers", transformers.__version__, "in '"$MBRIDGE_TARGET"'")'
-    PYTHONPATH="$PWD:$MEGATRON_BRIDGE_TARGET" "$PY" -c 'import transformers; print("gpu_clients: transformers", transformers.__version__, "in '"$MEGATRON_BRIDGE_TARGET"'")'
     echo "gpu_clients: torch and the fork unchanged ($after)"
 }
 
-run_tests() {
+run_tests() {  # which, then pytest's own arguments
+    local which=$1 status=0
+    shift
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    local status=0
-    PYTHONPATH="$PWD:$MBRIDGE_TARGET:/tmp/site" "$PY" -m pytest tests/integration/test_mbridge_round_trip.py \
-        -m gpu -q -rA -p no:cacheprovider "$@" || status=$?
-    PYTHONPATH="$PWD:$MEGATRON_BRIDGE_TARGET:/tmp/site" "$PY" -m pytest tests/integration/test_megatron_bridge_round_trip.py \
-        -m gpu -q -rA -p no:cacheprovider "$@" || status=$?
+    if [ "$which" != megatron-bridge ]; then
+        PYTHONPATH="$PWD:$MBRIDGE_TARGET:/tmp/site" "$PY" -m pytest tests/integration/test_mbridge_round_trip.py \
+            -m gpu -q -rA -p no:cacheprovider "$@" || status=$?
+    fi
+    if [ "$which" != mbridge ]; then
+        PYTHONPATH="$PWD:$MEGATRON_BRIDGE_TARGET:/tmp/site" "$PY" -m pytest tests/integration/test_megatron_bridge_round_trip.py \
+            -m gpu -q -rA -p no:cacheprovider "$@" || status=$?
+    fi
     return $status
 }
 
+which=${2:-all}
+case "$which" in mbridge|megatron-bridge|all) ;; *) echo "gpu_clients: '$which' is not mbridge, megatron-bridge or all" >&2; exit 2 ;; esac
 case "${1:-}" in
     download) download ;;
-    install) install ;;
-    test) shift; run_tests "$@" ;;
-    *) echo "usage: bash tests/integration/gpu_clients.sh download|install|test [pytest args]" >&2; exit 2 ;;
+    install) install "$which" ;;
+    test) shift; [ $# -gt 0 ] && shift; run_tests "$which" "$@" ;;
+    *) echo "usage: bash tests/integration/gpu_clients.sh download | install [mbridge|megatron-bridge|all] | test [mbridge|megatron-bridge|all] [pytest args]" >&2; exit 2 ;;
 esac
