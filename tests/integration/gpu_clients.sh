@@ -10,7 +10,7 @@
 # Only what the tests import is carried (and the image lacks or has in an unknown version):
 # each transformers' huggingface_hub, tokenizers, safetensors and regex, and omegaconf for
 # Megatron-Bridge. numpy, pyyaml, tqdm, packaging, filelock, fsspec, httpx and typer come from the
-# image; `install` checks the versions transformers and huggingface_hub declare against it.
+# image; `install` warns where the image misses a version transformers or huggingface_hub declare.
 #
 # On the GPU machine, after ../shared/gpu-te's install.sh (TE in /tmp/site), one command:
 #   bash tests/integration/gpu_clients.sh install && bash tests/integration/gpu_clients.sh test
@@ -37,18 +37,21 @@ download() {
     local flags=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
                  --platform manylinux2014_x86_64)
-    rm -rf "$WHEELS"
-    mkdir -p "$WHEELS/common" "$WHEELS/mbridge" "$WHEELS/megatron-bridge"
-    "$PY" -m pip download -q "${flags[@]}" -d "$WHEELS/common" "${COMMON[@]}"
-    "$PY" -m pip download -q "${flags[@]}" -d "$WHEELS/mbridge" "${MBRIDGE[@]}"
-    "$PY" -m pip download -q "${flags[@]}" -d "$WHEELS/megatron-bridge" "${MEGATRON_BRIDGE[@]}"
+    local staging="$WHEELS.partial"  # a failed download leaves the last complete .clients/ as it was
+    rm -rf "$staging"
+    mkdir -p "$staging/common" "$staging/mbridge" "$staging/megatron-bridge"
+    "$PY" -m pip download -q "${flags[@]}" -d "$staging/common" "${COMMON[@]}"
+    "$PY" -m pip download -q "${flags[@]}" -d "$staging/mbridge" "${MBRIDGE[@]}"
+    "$PY" -m pip download -q "${flags[@]}" -d "$staging/megatron-bridge" "${MEGATRON_BRIDGE[@]}"
     local expected=$(( ${#COMMON[@]} + ${#MBRIDGE[@]} + ${#MEGATRON_BRIDGE[@]} ))
     local got
-    got=$(find "$WHEELS" -name '*.whl' | wc -l)
+    got=$(find "$staging" -name '*.whl' | wc -l)
     if [ "$got" -ne "$expected" ]; then
-        echo "gpu_clients: $got wheels in $WHEELS, expected $expected" >&2
+        echo "gpu_clients: $got wheels in $staging, expected $expected" >&2
         exit 1
     fi
+    rm -rf "$WHEELS"
+    mv "$staging" "$WHEELS"
     echo "gpu_clients: $got wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS (carry it)"
 }
 
