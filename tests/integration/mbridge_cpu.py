@@ -77,7 +77,7 @@ def build_models(bridge, weights_dir):
     return models
 
 
-def deepseek_v3_bridge(hf_config, **kwargs):
+def deepseek_v3_bridge_class():
     """mbridge's DeepSeek-V3 bridge with the MLA config field named as megatron-core 0.19 names it.
 
     The bridge passes ``max_position_embeddings`` (the YaRN original length) to
@@ -99,4 +99,9 @@ def deepseek_v3_bridge(hf_config, **kwargs):
     # Its reader dequantizes FP8 checkpoints and takes bfloat16 only; a float32 checkpoint
     # (the tiny test model) is read with mbridge's plain safetensors reader.
     renamed._get_safetensor_io = Bridge._get_safetensor_io
-    return renamed(hf_config, **kwargs)
+    return renamed
+
+
+def deepseek_v3_bridge(hf_config, **kwargs):
+    """An instance of ``deepseek_v3_bridge_class()``."""
+    return deepseek_v3_bridge_class()(hf_config, **kwargs)
