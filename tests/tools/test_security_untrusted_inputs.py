@@ -4,18 +4,16 @@ Each test replays an attack or fault on a small synthetic checkout and checks th
 it with an error naming what is wrong and where, and that nothing ran or changed.
 """
 
-import hashlib
-import io
 import os
 import re
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.tools.bumpkit import commit, init, patch_msg, sh
+from tests.tools.sdists import pip_sees_only, write_sdist
 from tools.rebase.proof.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
@@ -151,14 +149,7 @@ def _sdist(path: Path, marker: Path, tag: str) -> str:
         "PKG-INFO": f"Metadata-Version: 2.1\nName: fake-pkg\nVersion: 1.0\nSummary: {tag}\n",
         "megatron/core/package_info.py": "MAJOR = 1\nMINOR = 0\nPATCH = 0\nPRE_RELEASE = ''\n",
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"fake_pkg-1.0/{rel}")
-            info.size, info.mtime = len(data), 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return write_sdist(path, "fake_pkg-1.0", files)
 
 
 def _pypi_pin(fork, sha256: str):
@@ -177,12 +168,7 @@ def local_index(tmp_path, monkeypatch):
     """pip sees only a find-links folder (no configured index, no cache)."""
     links = tmp_path / "links"
     links.mkdir()
-    for key in [k for k in os.environ if k.startswith("PIP_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    pip_sees_only(monkeypatch, find_links=str(links))
     return links
 
 
