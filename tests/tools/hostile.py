@@ -4,6 +4,7 @@ would, a pull request that commits a payload in a scratch clone, and the clone C
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from tests.tools.bumpkit import commit_checkout, ignore_generated, make_fork, replace_line, sh
@@ -62,3 +63,22 @@ def tool(checkout: Path, *args, env=None, cache=None, runner=()):
     proc = start_tool(checkout, *args, env=env, cache=cache, runner=runner)
     out, err = proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def unpacked_archive(tmp_path: Path, ci: Path, keep) -> Path:
+    """``ci`` as a tarball of it unpacks (no ``.git``, as a release archive or a CI artifact),
+    with the parts of ``.rebase/`` that ``keep`` accepts."""
+    archive = tmp_path / "pr.tar"
+
+    def only(info):
+        rel = Path(info.name).relative_to("checkout")
+        if rel.parts[:1] == (".git",) or (rel.parts[:1] == (".rebase",) and len(rel.parts) > 1 and not keep(rel)):
+            return None
+        return info
+
+    with tarfile.open(archive, "w") as tar:
+        tar.add(ci, arcname="checkout", filter=only)
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="tar")
+    return unpacked / "checkout"

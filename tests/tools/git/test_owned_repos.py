@@ -5,17 +5,16 @@ pull request has no git index to refuse it by, and can carry a genuine marker), 
 error naming it before any git command runs in it, so its config (``core.worktree``) never acts."""
 
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.tools.bumpkit import add_line, sh
-from tests.tools.hostile import committed_fork, pull_request, tool
+from tests.tools.hostile import committed_fork, pull_request, tool, unpacked_archive
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.owned import is_marked, mark, refuse_unmarked
 
-_REFUSED = "this repository was not created here by tools.rebase"
+_REFUSED = "not a work repo made here by tools.rebase"
 
 
 def _aim_worktree_at(git_dir: Path, victim: Path):
@@ -53,25 +52,6 @@ def test_a_lines_unmarked_work_repo_is_refused_and_the_release_lines_own_is_made
         layout(fork.root, line="next")
 
 
-def _tarball_checkout(tmp_path: Path, ci: Path, keep) -> Path:
-    """``ci`` as a tarball of it would unpack (no ``.git``, as a release archive or a CI artifact),
-    with the parts of ``.rebase/`` that ``keep`` accepts."""
-    archive = tmp_path / "pr.tar"
-
-    def only(info):
-        rel = Path(info.name).relative_to("checkout")
-        if rel.parts[:1] == (".git",) or (rel.parts[:1] == (".rebase",) and len(rel.parts) > 1 and not keep(rel)):
-            return None
-        return info
-
-    with tarfile.open(archive, "w") as tar:
-        tar.add(ci, arcname="checkout", filter=only)
-    unpacked = tmp_path / "unpacked"
-    with tarfile.open(archive) as tar:
-        tar.extractall(unpacked, filter="tar")
-    return unpacked / "checkout"
-
-
 def test_a_tarball_carrying_a_genuinely_marked_work_repo_is_refused_and_its_config_never_acts(tmp_path):
     ci = pull_request(committed_fork(tmp_path), tmp_path, lambda pr: None)
     assert tool(ci, "apply", cache=tmp_path / "cache").returncode == 0  # the tool's own, with its marker
@@ -79,7 +59,7 @@ def test_a_tarball_carrying_a_genuinely_marked_work_repo_is_refused_and_its_conf
     _aim_worktree_at(ci / ".rebase" / "work" / ".git", victim)
     (ci / "patches" / "0001-keep-alpha.patch").write_text(  # so apply would check the new stack out
         (ci / "patches" / "0001-keep-alpha.patch").read_text().replace("Why it exists.", "Why, again."))
-    checkout = _tarball_checkout(tmp_path, ci, keep=lambda rel: rel.parts[1] in ("work", "state.json"))
+    checkout = unpacked_archive(tmp_path, ci, keep=lambda rel: rel.parts[1] in ("work", "state.json"))
     assert not (checkout / ".git").exists() and (checkout / ".rebase" / "work" / ".git" / "megatron-rebase-work").is_file()
     for command in ("apply", "check", "export"):
         proc = tool(checkout, command, cache=tmp_path / "cache")
@@ -92,7 +72,7 @@ def test_a_tarball_carrying_a_genuinely_marked_cache_repo_is_refused(tmp_path):
     ci = pull_request(committed_fork(tmp_path), tmp_path, lambda pr: None)
     assert tool(ci, "apply").returncode == 0  # the default cache: .rebase/cache in the checkout
     (mirror,) = (ci / ".rebase" / "cache" / "git").glob("*.git")
-    checkout = _tarball_checkout(tmp_path, ci, keep=lambda rel: rel.parts[1] == "cache")
+    checkout = unpacked_archive(tmp_path, ci, keep=lambda rel: rel.parts[1] == "cache")
     proc = tool(checkout, "check")
     assert proc.returncode != 0
     carried = checkout / ".rebase" / "cache" / "git" / mirror.name
@@ -108,7 +88,7 @@ def test_a_copied_marker_or_one_of_another_user_does_not_count(tmp_path):
     for name in ("marker", "marker.stamp"):
         (copy / name).write_bytes((made / name).read_bytes())
     assert not is_marked(copy, "marker", "a test repo")
-    with pytest.raises(RebaseError, match=f"{copy}: {_REFUSED}"):
+    with pytest.raises(RebaseError, match=f"{copy}: not a test repo made here by tools.rebase"):
         refuse_unmarked(copy, "marker", "a test repo", "")
     refuse_unmarked(tmp_path / "absent", "marker", "a test repo", "")  # nothing there: nothing to refuse
     if os.getuid() == 0:

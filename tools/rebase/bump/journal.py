@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, read_head
+from tools.rebase.git.owned import mark, refuse_unmarked
 
 JOURNAL_VERSION = 2
 PHASES = ("replaying", "stopped", "testing", "tests-failed", "finishing")
@@ -306,6 +307,7 @@ def begin(layout, journal: Journal) -> Journal:
     if backup.exists():  # left by a bump killed before its journal existed: nothing had changed
         shutil.rmtree(backup)
     backup.mkdir(parents=True)
+    mark(backup, BACKUP_MARKER, BACKUP_PURPOSE)
     present = []
     for name, live in _saved_paths(layout):
         if live.exists() or live.is_symlink():
@@ -322,7 +324,17 @@ def begin(layout, journal: Journal) -> Journal:
     return journal
 
 
+BACKUP_MARKER = "megatron-rebase-backup"
+BACKUP_PURPOSE = "a bump's backup"
+
+
 def load_backup(layout) -> Backup:
+    """The backup's manifest, from a backup the tool made here: ``--abort`` copies the backup over
+    the checkout and the work repo's config, so one a checkout carried (an unpacked archive of a
+    stopped bump) is refused naming it (``git/owned.py``)."""
+    refuse_unmarked(backup_dir(layout), BACKUP_MARKER, BACKUP_PURPOSE,
+                    f"Nothing was restored from it; remove {layout.rel(bump_dir(layout))} and restore "
+                    f"upstream.toml and patches/ with git.")
     path = backup_dir(layout) / "backup.json"
     try:
         return _build(Backup, json.loads(path.read_text()), "backup")

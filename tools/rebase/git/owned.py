@@ -56,9 +56,10 @@ def is_marked(git_dir: Path, name: str, purpose: str) -> bool:
 
 
 def refuse_unmarked(git_dir: Path, name: str, purpose: str, advice: str) -> None:
-    """Error naming ``git_dir`` when it exists and the tool did not make it (see ``is_marked``)."""
+    """Error naming ``git_dir`` (a repository, or a folder such as a bump's backup) when it
+    exists and the tool did not make it (see ``is_marked``)."""
     if os.path.lexists(git_dir) and not is_marked(git_dir, name, purpose):
         raise RebaseError(
-            f"{git_dir}: this repository was not created here by tools.rebase for uid {os.getuid()} "
-            f"(no valid {name} marker: committed, unpacked from an archive, copied, made by an older "
-            f"version of the tool, or another user's); no git command runs in it. {advice}")
+            f"{git_dir}: not {purpose} made here by tools.rebase for uid {os.getuid()} (no valid "
+            f"{name} marker: committed, unpacked from an archive, copied, made by an older version of "
+            f"the tool, or another user's); nothing is read from it and no git command runs in it. {advice}")
