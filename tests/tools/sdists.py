@@ -33,3 +33,15 @@ def pip_sees_only(monkeypatch, *, find_links: str = "", index_url: str = "") -> 
         monkeypatch.setenv("PIP_FIND_LINKS", find_links)
     if index_url:
         monkeypatch.setenv("PIP_INDEX_URL", index_url)
+
+
+def pinned_to_sdist(package: str, version: str, sha256: str):
+    """A pull request's payload (``hostile.pull_request``): the pin names ``package==version`` by
+    ``sha256``, and the series is emptied (no patch of the old base applies on it)."""
+    def payload(pr: Path):
+        (pr / "upstream.toml").write_text(
+            f'[upstream]\nkind = "pypi"\npackage = "{package}"\nversion = "{version}"\nsha256 = "{sha256}"\n')
+        for patch in (pr / "patches").glob("*.patch"):
+            patch.unlink()
+        (pr / "patches" / "series").write_text("# no patches on this base\n")
+    return payload

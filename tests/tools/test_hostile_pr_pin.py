@@ -10,7 +10,7 @@ import pytest
 
 from tests.tools.bumpkit import sh
 from tests.tools.hostile import committed_fork, pull_request, tool
-from tests.tools.sdists import pip_sees_only, write_sdist
+from tests.tools.sdists import pinned_to_sdist, pip_sees_only, write_sdist
 
 
 def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilcore", mtime=1_700_000_000) -> tuple:
@@ -38,13 +38,7 @@ def find_links(tmp_path, monkeypatch):
 
 
 def _pin_payload(sha256: str, package="evilcore"):
-    def payload(pr: Path):
-        (pr / "upstream.toml").write_text(
-            f'[upstream]\nkind = "pypi"\npackage = "{package}"\nversion = "1.0"\nsha256 = "{sha256}"\n')
-        for patch in (pr / "patches").glob("*.patch"):
-            patch.unlink()
-        (pr / "patches" / "series").write_text("# no patches on this base\n")
-    return payload
+    return pinned_to_sdist(package, "1.0", sha256)
 
 
 def test_a_pin_naming_another_package_is_refused_and_its_sdist_never_runs(tmp_path, find_links):

@@ -16,7 +16,7 @@ import pytest
 
 from tests.tools.bumpkit import sh
 from tests.tools.hostile import REPO_ROOT, committed_fork, pull_request, start_tool, tool
-from tests.tools.sdists import pip_sees_only, write_sdist
+from tests.tools.sdists import pinned_to_sdist, pip_sees_only, write_sdist
 
 PACKAGE, VERSION = "cachedcore", "1.0"
 SDIST = f"{PACKAGE}-{VERSION}.tar.gz"
@@ -72,14 +72,8 @@ def index(tmp_path, monkeypatch):
 def _checkouts(tmp_path, sha: str, count: int) -> list:
     """``count`` CI clones of a fork pinned to the served sdist (no patches on it)."""
     fork = committed_fork(tmp_path)
-
-    def pin(pr: Path):
-        (pr / "upstream.toml").write_text(
-            f'[upstream]\nkind = "pypi"\npackage = "{PACKAGE}"\nversion = "{VERSION}"\nsha256 = "{sha}"\n')
-        for patch in (pr / "patches").glob("*.patch"):
-            patch.unlink()
-        (pr / "patches" / "series").write_text("# no patches on this base\n")
-    return [pull_request(fork, tmp_path, pin, name=f"ci-{i}") for i in range(count)]
+    payload = pinned_to_sdist(PACKAGE, VERSION, sha)
+    return [pull_request(fork, tmp_path, payload, name=f"ci-{i}") for i in range(count)]
 
 
 def _entry_is_whole(cache: Path, sha: str):

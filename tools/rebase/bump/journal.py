@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, read_head
-from tools.rebase.git.owned import mark, refuse_unmarked
+from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 JOURNAL_VERSION = 2
 PHASES = ("replaying", "stopped", "testing", "tests-failed", "finishing")
@@ -302,7 +302,6 @@ def work_refs(work: Path) -> dict:
 
 def begin(layout, journal: Journal) -> Journal:
     """Back up everything (manifest last), then write the journal; return it."""
-    root = bump_dir(layout)
     backup = backup_dir(layout)
     if backup.exists():  # left by a bump killed before its journal existed: nothing had changed
         shutil.rmtree(backup)
@@ -319,22 +318,11 @@ def begin(layout, journal: Journal) -> Journal:
     saved = Backup(present=present, work_refs=work_refs(work), work_head_ref=head_ref, work_head=head)
     saved.validate()
     _write_atomic(backup / "backup.json", json.dumps(asdict(saved), indent=2, sort_keys=True) + "\n")
-    root.mkdir(parents=True, exist_ok=True)
     save(layout, journal)
     return journal
 
 
-BACKUP_MARKER = "megatron-rebase-backup"
-BACKUP_PURPOSE = "a bump's backup"
-
-
 def load_backup(layout) -> Backup:
-    """The backup's manifest, from a backup the tool made here: ``--abort`` copies the backup over
-    the checkout and the work repo's config, so one a checkout carried (an unpacked archive of a
-    stopped bump) is refused naming it (``git/owned.py``)."""
-    refuse_unmarked(backup_dir(layout), BACKUP_MARKER, BACKUP_PURPOSE,
-                    f"Nothing was restored from it; remove {layout.rel(bump_dir(layout))} and restore "
-                    f"upstream.toml and patches/ with git.")
     path = backup_dir(layout) / "backup.json"
     try:
         return _build(Backup, json.loads(path.read_text()), "backup")

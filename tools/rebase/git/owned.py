@@ -17,6 +17,8 @@ from tools.rebase.errors import RebaseError
 STAMP_SUFFIX = ".stamp"
 WORK_MARKER = "megatron-rebase-work"  # in the .git of every work repo the tool creates
 WORK_PURPOSE = "a work repo"
+BACKUP_MARKER = "megatron-rebase-backup"  # in every bump backup folder (bump/journal.py)
+BACKUP_PURPOSE = "a bump's backup"
 
 
 def _text(purpose: str, st) -> str:
