@@ -10,7 +10,7 @@ import pytest
 
 from tests.tools.bumpkit import sh
 from tests.tools.hostile import committed_fork, pull_request, tool
-from tests.tools.sdists import pinned_to_sdist, pip_sees_only, write_sdist
+from tests.tools.sdists import pinned_to_sdist, write_sdist
 
 
 def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilcore", mtime=1_700_000_000) -> tuple:
@@ -26,15 +26,6 @@ def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilco
     }
     path = folder / f"{name}-1.0.tar.gz"
     return path, write_sdist(path, f"{name}-1.0", files, mtime)
-
-
-@pytest.fixture
-def find_links(tmp_path, monkeypatch):
-    """pip is configured with one local find-links folder and nothing else."""
-    links = tmp_path / "links"
-    links.mkdir()
-    pip_sees_only(monkeypatch, find_links=str(links))
-    return links
 
 
 def _pin_payload(sha256: str, package="evilcore"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.tools.bumpkit import commit, init, patch_msg, sh
-from tests.tools.sdists import pip_sees_only, write_sdist
+from tests.tools.sdists import write_sdist
 from tools.rebase.proof.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
@@ -163,19 +163,10 @@ def allow_test_packages(monkeypatch):
     monkeypatch.setenv("FORK_REBASE_ALLOW_PACKAGE", "fake-pkg,p")
 
 
-@pytest.fixture
-def local_index(tmp_path, monkeypatch):
-    """pip sees only a find-links folder (no configured index, no cache)."""
-    links = tmp_path / "links"
-    links.mkdir()
-    pip_sees_only(monkeypatch, find_links=str(links))
-    return links
-
-
-def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, local_index):
+def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, find_links):
     marker = tmp_path / "MARKER"
     genuine = _sdist(tmp_path / "genuine" / "fake_pkg-1.0.tar.gz", marker, "genuine")
-    tampered = _sdist(local_index / "fake_pkg-1.0.tar.gz", marker, "tampered")
+    tampered = _sdist(find_links / "fake_pkg-1.0.tar.gz", marker, "tampered")
     assert genuine != tampered
     _pypi_pin(fork, genuine)
     problems = check(fork.layout, log=quiet)
@@ -188,10 +179,10 @@ def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, lo
     assert not list((tmp_path / "cache").rglob("*.tar.gz"))
 
 
-def test_hash_checked_download_reports_progress_and_caches(tmp_path, local_index):
+def test_hash_checked_download_reports_progress_and_caches(tmp_path, find_links):
     from tools.rebase.stack.source import download_sdist, sha256_file
 
-    sha = _sdist(local_index / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
+    sha = _sdist(find_links / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
     lines = []
     path = download_sdist(tmp_path / "cache", "fake-pkg", "1.0", sha, log=lines.append)
     assert path == tmp_path / "cache" / "sdist" / "fake_pkg-1.0.tar.gz"
