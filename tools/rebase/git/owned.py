@@ -44,14 +44,17 @@ def is_marked(git_dir: Path, name: str, purpose: str) -> bool:
         st_dir = os.lstat(git_dir)
         st_marker = os.lstat(git_dir / name)
         st_stamp = os.lstat(git_dir / (name + STAMP_SUFFIX))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # absent, not a folder, or another user's folder this one cannot enter
         return False
     uid = os.getuid()
     if not (stat.S_ISDIR(st_dir.st_mode) and stat.S_ISREG(st_marker.st_mode) and stat.S_ISREG(st_stamp.st_mode)):
         return False
     if not st_dir.st_uid == st_marker.st_uid == st_stamp.st_uid == uid:
         return False
-    fd = os.open(git_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(git_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # swapped for a link since the lstat, or unreadable
+        return False
     with os.fdopen(fd, "rb") as fh:
         text = fh.read(4096)
     return text == _text(purpose, st_stamp).encode()
