@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
 from bench.scenarios import COMPARISONS  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -183,12 +184,9 @@ def mhc_line(rows):
     m = by.get("mhc-overhead")
     if not m or "peak_ratio" not in m:
         return None
-    line = f"mHC overhead (4 streams): step {m['step_ratio']['median']:.2f}x, peak {m['peak_ratio']['median']:.2f}x"
     rc = by.get("mhc-overhead-full-recompute")
-    if rc and "peak_ratio" in rc:
-        line += (f" (full recompute: step {rc['step_ratio']['median']:.2f}x, "
-                 f"peak {rc['peak_ratio']['median']:.2f}x)")  # fmt: skip
-    return line
+    pair = (rc["step_ratio"]["median"], rc["peak_ratio"]["median"]) if rc and "peak_ratio" in rc else None
+    return mhc_overhead_line("mHC overhead", m["step_ratio"]["median"], m["peak_ratio"]["median"], pair)
 
 
 def write_docs(payload):
@@ -206,10 +204,8 @@ def write_docs(payload):
             f"{meta['args']['rounds']} rounds x {meta['args']['steps']} steps, batch {meta['args']['batch']}, "
             f"seq {meta['args']['seq']}, {meta['args']['dispatcher']} dispatcher, {wall}\n\n"
             f"```\n{block}\n```\n{marker_b}")  # fmt: skip
-    if marker_a in text:
-        text = re.sub(re.escape(marker_a) + r".*?" + re.escape(marker_b), lambda _: body, text, flags=re.S)
-    else:
-        text = text.replace("\n## ", f"\n{body}\n\n## ", 1)
+    text = put_between_markers(text, marker_a, marker_b, body,
+                               lambda t: t.replace("\n## ", f"\n{body}\n\n## ", 1))
     DOCS.write_text(text)
 
 

@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
+
 DOCS = ROOT / "docs" / "benchmarks.md"
 TE_MHC_LINE = re.compile(r"^TE mHC overhead \(4 streams\): .*$", re.M)
 MARK_A, MARK_B = "<!-- te-bench:latest:begin -->", "<!-- te-bench:latest:end -->"
@@ -296,11 +298,9 @@ def mhc_line(rows):
     m = by.get("mhc")
     if not m or "peak_ratio" not in m:
         return None
-    line = f"TE mHC overhead (4 streams): step {m['step_ratio'][0]:.2f}x, peak {m['peak_ratio']:.2f}x"
     rc = by.get("mhc/rc")
-    if rc and "peak_ratio" in rc:
-        line += f" (full recompute: step {rc['step_ratio'][0]:.2f}x, peak {rc['peak_ratio']:.2f}x)"
-    return line
+    pair = (rc["step_ratio"][0], rc["peak_ratio"]) if rc and "peak_ratio" in rc else None
+    return mhc_overhead_line("TE mHC overhead", m["step_ratio"][0], m["peak_ratio"], pair)
 
 
 def write_docs(payload):
@@ -316,10 +316,8 @@ def write_docs(payload):
             f"{a['spec']} specs, {a['routing']} routing, {a['rounds']} rounds x {a['steps']} steps per window, "
             f"batch {a['batch']}, seq {a['seq']}, {a['layers']} layers, hidden {a['hidden']}, "
             f"{a['experts']} experts top-{a['topk']}, {meta['wall_s']} s wall\n\n```\n{block}\n```\n{MARK_B}")  # fmt: skip
-    if MARK_A in text:
-        text = re.sub(re.escape(MARK_A) + r".*?" + re.escape(MARK_B), lambda _: body, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n## Transformer Engine specs (bench/te_bench.py)\n\n" + body + "\n"
+    text = put_between_markers(text, MARK_A, MARK_B, body, lambda t: t.rstrip("\n") + (
+        "\n\n## Transformer Engine specs (bench/te_bench.py)\n\n" + body + "\n"))
     DOCS.write_text(text)
 
 

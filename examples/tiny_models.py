@@ -1,4 +1,5 @@
-"""Tiny GPT + MoE (+ MTP) models and token batches shared by the examples (CPU-sized)."""
+"""Tiny GPT + MoE (+ MTP) models and token batches shared by the examples (CPU-sized) and the
+client-library tests (tests/integration/clients.py, which asks for a smaller one)."""
 
 import torch
 
@@ -28,18 +29,19 @@ def moe_config(**overrides) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
-def gpt(config: TransformerConfig, with_mtp: bool = True) -> GPTModel:
+def gpt(config: TransformerConfig, with_mtp: bool = True, vocab: int = VOCAB, seq_len: int = SEQ_LEN) -> GPTModel:
+    """GPTModel on local (non-TE) specs, with the MTP block ``config`` asks for unless ``with_mtp`` is off."""
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if with_mtp else None
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp_spec)
+    return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=seq_len, mtp_block_spec=mtp_spec)
 
 
-def token_batch(seed: int = 0):
+def token_batch(seed: int = 0, batch: int = BATCH, seq_len: int = SEQ_LEN, vocab: int = VOCAB):
     """Random tokens with positions and a causal mask: the inputs GPTModel.forward takes."""
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN), generator=gen)
-    positions = torch.arange(SEQ_LEN).expand(BATCH, SEQ_LEN)
-    causal_mask = torch.triu(torch.ones(SEQ_LEN, SEQ_LEN), diagonal=1).bool()[None, None]
+    tokens = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    positions = torch.arange(seq_len).expand(batch, seq_len)
+    causal_mask = torch.triu(torch.ones(seq_len, seq_len), diagonal=1).bool()[None, None]
     return tokens, positions, causal_mask
 
 

@@ -16,11 +16,8 @@ import types
 import pytest
 import torch
 
+from examples.tiny_models import gpt, moe_config, token_batch
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_local_spec,
-    get_gpt_mtp_block_spec,
-)
 from megatron.core.transformer import TransformerConfig
 
 VOCAB, SEQ, BATCH = 64, 8, 2
@@ -49,39 +46,18 @@ def verl_module(name: str):
 
 
 def tiny_config(**overrides) -> TransformerConfig:
-    values = dict(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        use_cpu_initialization=True,
-        num_moe_experts=4,
-        moe_router_topk=2,
-        moe_token_dispatcher_type="allgather",
-        mtp_num_layers=1,
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        bf16=False,
-        params_dtype=torch.float32,
-    )
-    values.update(overrides)
-    return TransformerConfig(**values)
+    """The examples' MoE + MTP config (examples/tiny_models.py), at half their hidden size."""
+    return moe_config(**{"hidden_size": 32, **overrides})
 
 
 def tiny_model(config: TransformerConfig, seed: int = 1234) -> GPTModel:
     """A two-layer MoE GPT with one MTP layer, local (non-TE) specs, on the CPU."""
     torch.manual_seed(seed)
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
-    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
+    return gpt(config, vocab=VOCAB, seq_len=SEQ)
 
 
 def batch(seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    positions = torch.arange(SEQ).expand(BATCH, SEQ)
-    mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
-    return tokens, positions, mask
+    return token_batch(seed, batch=BATCH, seq_len=SEQ, vocab=VOCAB)
 
 
 class ClassAttributes:

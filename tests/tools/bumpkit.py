@@ -215,3 +215,21 @@ def assert_fresh_clone_report_is_the_committed_one(fork: Fork, tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr
     assert (clone / "REBASE_REPORT.json").read_bytes() == js
     assert (clone / "REBASE_REPORT.md").read_bytes() == md
+
+
+def copy_with_markers(src: Path, dst: Path) -> None:
+    """``copytree`` of a checkout or cache whose copy stands in for the original: the tool refuses a
+    copied work, cache or backup repository (its marker is bound to the stamp file's inode and
+    change time, ``git/owned.py``), so each marker found is made again in the copy."""
+    import shutil
+
+    from tools.rebase.git.owned import STAMP_SUFFIX, mark
+
+    shutil.copytree(src, dst, symlinks=True)
+    for stamp in list(Path(dst).rglob(f"*{STAMP_SUFFIX}")):
+        marker = stamp.with_name(stamp.name[: -len(STAMP_SUFFIX)])
+        first = marker.read_text().splitlines()[0]
+        purpose = first.split("created by tools.rebase as ", 1)[1]
+        stamp.unlink()
+        marker.unlink()
+        mark(marker.parent, marker.name, purpose)

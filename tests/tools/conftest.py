@@ -1,5 +1,5 @@
-"""Fixtures of the tool tests: ``cache`` (a per-test download cache) and ``fork``, for the
-apply/export/check tests: a checkout pinned to a tiny git upstream.
+"""Fixtures of the tool tests: ``cache`` (a per-test download cache), ``find_links`` (pip's only
+sdist source) and ``fork``, for the apply/export/check tests: a checkout pinned to a tiny git upstream.
 
 ``fork`` is built with the shared helpers of tests/tools/bumpkit.py; only the upstream's files differ
 (functions and constants the apply/export tests edit).
@@ -8,6 +8,7 @@ apply/export/check tests: a checkout pinned to a tiny git upstream.
 import pytest
 
 from tests.tools.bumpkit import make_fork, sh  # noqa: F401  (sh is re-exported for the tests)
+from tests.tools.sdists import pip_sees_only
 
 UPSTREAM_FILES = {
     "megatron/core/package_info.py": "MAJOR = 0\nMINOR = 42\nPATCH = 1\nPRE_RELEASE = ''\n__version__ = '0.42.1'\n",
@@ -29,3 +30,12 @@ def cache(tmp_path, monkeypatch):
     """A per-test download cache, so no test reads or fills the user's."""
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def find_links(tmp_path, monkeypatch):
+    """pip sees one local find-links folder (this one) and nothing else: no index, no cache."""
+    links = tmp_path / "links"
+    links.mkdir()
+    pip_sees_only(monkeypatch, find_links=str(links))
+    return links

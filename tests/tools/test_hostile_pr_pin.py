@@ -2,8 +2,6 @@
 an sdist (no pip download, no build step; the package must be megatron-core), and the archive
 that is extracted is the one whose hash was checked."""
 
-import hashlib
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -12,6 +10,7 @@ import pytest
 
 from tests.tools.bumpkit import sh
 from tests.tools.hostile import committed_fork, pull_request, tool
+from tests.tools.sdists import pinned_to_sdist, write_sdist
 
 
 def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilcore", mtime=1_700_000_000) -> tuple:
@@ -25,38 +24,12 @@ def booby_trapped_sdist(folder: Path, marker: Path, minor: int = 0, name="evilco
         "megatron/core/__init__.py": "",
         "megatron/core/package_info.py": f"MAJOR = 1\nMINOR = {minor}\nPATCH = 0\nPRE_RELEASE = ''\n",
     }
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-1.0.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{name}-1.0/{rel}")
-            info.size, info.mtime = len(data), mtime
-            tar.addfile(info, io.BytesIO(data))
-    return path, hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def find_links(tmp_path, monkeypatch):
-    """pip is configured with one local find-links folder and nothing else."""
-    links = tmp_path / "links"
-    links.mkdir()
-    for key in [k for k in os.environ if k.startswith("PIP_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    return links
+    return path, write_sdist(path, f"{name}-1.0", files, mtime)
 
 
 def _pin_payload(sha256: str, package="evilcore"):
-    def payload(pr: Path):
-        (pr / "upstream.toml").write_text(
-            f'[upstream]\nkind = "pypi"\npackage = "{package}"\nversion = "1.0"\nsha256 = "{sha256}"\n')
-        for patch in (pr / "patches").glob("*.patch"):
-            patch.unlink()
-        (pr / "patches" / "series").write_text("# no patches on this base\n")
-    return payload
+    return pinned_to_sdist(package, "1.0", sha256)
 
 
 def test_a_pin_naming_another_package_is_refused_and_its_sdist_never_runs(tmp_path, find_links):

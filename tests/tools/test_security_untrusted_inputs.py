@@ -4,18 +4,16 @@ Each test replays an attack or fault on a small synthetic checkout and checks th
 it with an error naming what is wrong and where, and that nothing ran or changed.
 """
 
-import hashlib
-import io
 import os
 import re
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.tools.bumpkit import commit, init, patch_msg, sh
+from tests.tools.sdists import write_sdist
 from tools.rebase.proof.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
@@ -151,14 +149,7 @@ def _sdist(path: Path, marker: Path, tag: str) -> str:
         "PKG-INFO": f"Metadata-Version: 2.1\nName: fake-pkg\nVersion: 1.0\nSummary: {tag}\n",
         "megatron/core/package_info.py": "MAJOR = 1\nMINOR = 0\nPATCH = 0\nPRE_RELEASE = ''\n",
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"fake_pkg-1.0/{rel}")
-            info.size, info.mtime = len(data), 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return write_sdist(path, "fake_pkg-1.0", files)
 
 
 def _pypi_pin(fork, sha256: str):
@@ -172,24 +163,10 @@ def allow_test_packages(monkeypatch):
     monkeypatch.setenv("FORK_REBASE_ALLOW_PACKAGE", "fake-pkg,p")
 
 
-@pytest.fixture
-def local_index(tmp_path, monkeypatch):
-    """pip sees only a find-links folder (no configured index, no cache)."""
-    links = tmp_path / "links"
-    links.mkdir()
-    for key in [k for k in os.environ if k.startswith("PIP_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    return links
-
-
-def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, local_index):
+def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, find_links):
     marker = tmp_path / "MARKER"
     genuine = _sdist(tmp_path / "genuine" / "fake_pkg-1.0.tar.gz", marker, "genuine")
-    tampered = _sdist(local_index / "fake_pkg-1.0.tar.gz", marker, "tampered")
+    tampered = _sdist(find_links / "fake_pkg-1.0.tar.gz", marker, "tampered")
     assert genuine != tampered
     _pypi_pin(fork, genuine)
     problems = check(fork.layout, log=quiet)
@@ -202,10 +179,10 @@ def test_tampered_sdist_is_refused_before_its_build_code_runs(fork, tmp_path, lo
     assert not list((tmp_path / "cache").rglob("*.tar.gz"))
 
 
-def test_hash_checked_download_reports_progress_and_caches(tmp_path, local_index):
+def test_hash_checked_download_reports_progress_and_caches(tmp_path, find_links):
     from tools.rebase.stack.source import download_sdist, sha256_file
 
-    sha = _sdist(local_index / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
+    sha = _sdist(find_links / "fake_pkg-1.0.tar.gz", tmp_path / "MARKER", "genuine")
     lines = []
     path = download_sdist(tmp_path / "cache", "fake-pkg", "1.0", sha, log=lines.append)
     assert path == tmp_path / "cache" / "sdist" / "fake_pkg-1.0.tar.gz"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import Fork, make_fork, quiet, replace_line, resolve_conflict, sh
+from tests.tools.bumpkit import Fork, copy_with_markers, make_fork, quiet, replace_line, resolve_conflict, sh
 from tools.rebase.bump import journal
 from tools.rebase.bump.killpoints import KILL_ENV, POINTS
 from tools.rebase.git.paths import Layout
@@ -154,8 +154,8 @@ class World:
     def copy(self, name: str) -> Path:
         """A private copy of the world (checkout with .rebase/ and the cache)."""
         dest = self.tmp / name
-        shutil.copytree(self.root, dest / "world", symlinks=True)
-        shutil.copytree(self.cache, dest / "cache", symlinks=True)
+        copy_with_markers(self.root, dest / "world")
+        copy_with_markers(self.cache, dest / "cache")
         return dest / "world"
 
     def run(self, root: Path, count: Path, kill_point="", git_at=0, mode=""):
@@ -175,7 +175,7 @@ class World:
                            [f"{label}: the bump failed instead (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"])
         problems = []
         aborted = self.tmp / f"{label}-abort"
-        shutil.copytree(root.parent, aborted, symlinks=True)
+        copy_with_markers(root.parent, aborted)
         os.environ["FORK_REBASE_CACHE"] = str(aborted / "cache")
         from tools.rebase.bump.bump import bump, bump_abort, bump_continue
 

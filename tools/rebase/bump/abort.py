@@ -2,6 +2,7 @@
 
 from tools.rebase.bump import journal as jr
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
 from tools.rebase.stack.materialize import local_edits, materialize
 
 
@@ -17,6 +18,9 @@ class AbortPhase:
         except jr.CorruptJournal as exc:  # the backup alone is enough to restore
             j = None
             self.log(f"warning: {exc}")
+        # The backup is copied over the checkout and the work repo's config: only one made here counts.
+        refuse_unmarked(jr.backup_dir(layout), BACKUP_MARKER, BACKUP_PURPOSE, f"Nothing was restored from "
+                        f"it; remove {layout.rel(jr.bump_dir(layout))} and restore upstream.toml and patches/ with git.")
         jr.restore(layout)
         if j is None or j.materialized:
             self._rematerialize()

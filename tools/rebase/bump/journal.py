@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, read_head
+from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 JOURNAL_VERSION = 2
 PHASES = ("replaying", "stopped", "testing", "tests-failed", "finishing")
@@ -301,11 +302,11 @@ def work_refs(work: Path) -> dict:
 
 def begin(layout, journal: Journal) -> Journal:
     """Back up everything (manifest last), then write the journal; return it."""
-    root = bump_dir(layout)
     backup = backup_dir(layout)
     if backup.exists():  # left by a bump killed before its journal existed: nothing had changed
         shutil.rmtree(backup)
     backup.mkdir(parents=True)
+    mark(backup, BACKUP_MARKER, BACKUP_PURPOSE)
     present = []
     for name, live in _saved_paths(layout):
         if live.exists() or live.is_symlink():
@@ -317,7 +318,6 @@ def begin(layout, journal: Journal) -> Journal:
     saved = Backup(present=present, work_refs=work_refs(work), work_head_ref=head_ref, work_head=head)
     saved.validate()
     _write_atomic(backup / "backup.json", json.dumps(asdict(saved), indent=2, sort_keys=True) + "\n")
-    root.mkdir(parents=True, exist_ok=True)
     save(layout, journal)
     return journal
 

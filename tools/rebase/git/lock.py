@@ -14,10 +14,35 @@ import time
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.safefs import makedirs, open_nofollow, read_nofollow
+from tools.rebase.git.safefs import makedirs, open_nofollow, read_nofollow, refuse_unwritable
 
 WAIT_ENV = "FORK_REBASE_LOCK_WAIT"
 _held = {}  # lock path -> [fd, depth]
+
+
+@contextlib.contextmanager
+def key_locked(folder: Path, key: str):
+    """Hold ``folder/<key>.lock`` (blocking) while one process fills one entry of a shared cache:
+    two cold runs on one cache (two CI jobs) then fetch once, the second finding the entry whole.
+    An ``flock``: a holder that is killed releases it, so nothing is left to jam the next run."""
+    fd = open_nofollow(Path(folder) / f"{key}.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+READ_ONLY_COMMANDS = ("check",)  # it writes the tool's state only, not the checkout's files
+
+
+def written_by(layout, command: str) -> list:
+    """The folders of the checkout ``command`` writes in: the state (lock, work repo) always; the
+    package, the line's files and ``patches/`` unless it only reads them."""
+    paths = [layout.state_dir]
+    if command.split()[0] not in READ_ONLY_COMMANDS:
+        paths += [layout.root, layout.package, layout.home, layout.patches]
+    return paths
 
 
 def lock_path(layout) -> Path:
@@ -59,6 +84,7 @@ def locked(layout, command: str, wait: float = 0.0):
             _held[key][1] -= 1
         return
     layout.refuse_links()  # before .rebase/ is created or entered
+    refuse_unwritable(written_by(layout, command), command)
     makedirs(layout.root, path.parent)
     fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a committed link would be truncated through
     deadline = time.monotonic() + _wait_seconds(wait)

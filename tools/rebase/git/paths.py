@@ -143,6 +143,17 @@ class Layout:
             raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
                               f"and writes them in place); replace them with real files or folders")
         self.refuse_tracked()
+        self.refuse_foreign_work_repo()
+
+    def refuse_foreign_work_repo(self) -> None:
+        """The work repo must be one the tool created here (``git/owned.py``): one a checkout
+        carried (a tarball of a pull request has no index to refuse it by) or left by something
+        else could set ``core.worktree`` or ``include.path`` in its config, which git obeys."""
+        from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, refuse_unmarked
+
+        refuse_unmarked(self.work / ".git", WORK_MARKER, WORK_PURPOSE,
+                        f"If it is yours and holds nothing unexported, remove {self.rel(self.work)} and run "
+                        f"`python -m tools.rebase apply{self.line_flag}` to rebuild it.")
 
     def refuse_tracked(self) -> None:
         """``.rebase/`` is the tool's private state and ``megatron/`` its output: neither is ever

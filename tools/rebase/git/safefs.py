@@ -49,6 +49,22 @@ def makedirs(root: Path, path: Path) -> Path:
     return Path(path)
 
 
+def refuse_unwritable(paths, command: str) -> None:
+    """Error naming the first of ``paths`` (or, for one not made yet, the folder it would be made
+    in) that this user cannot write, before the command changes anything: a read-only checkout
+    (mounted read-only by CI, or owned by another user) is refused whole, never left half-done."""
+    for path in paths:
+        here = Path(path)
+        while not os.path.lexists(here) and here != here.parent:
+            here = here.parent
+        if not os.access(here, os.W_OK | os.X_OK):
+            raise RebaseError(
+                f"{here}: not writable by this user (uid {os.getuid()}), and `{command}` writes "
+                f"{path} there; nothing was changed. Run the tool in a writable copy of the checkout "
+                f"(for `pip install .` of a read-only checkout whose megatron/ is already applied, set "
+                f"MEGATRON_FORK_SKIP_APPLY=1).")
+
+
 def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     """``os.open`` that refuses a link as the last component (ELOOP becomes a clear error)."""
     try:

@@ -166,11 +166,12 @@ def candidates(package: str, version: str, config=None) -> list:
     return found
 
 
-def download(url: str, expected: str, folder: Path, config=None) -> tuple:
-    """Stream ``url`` into a new file created exclusively in ``folder`` while hashing it; return
-    ``(path, sha256, size)``. With ``expected``, a different hash deletes the file and is an error."""
+def download(url: str, expected: str, folder: Path, config=None, prefix: str = ".download-") -> tuple:
+    """Stream ``url`` into a new file created exclusively in ``folder`` (named ``prefix`` + random +
+    ``.part``) while hashing it; return ``(path, sha256, size)``. With ``expected``, a different
+    hash deletes the file and is an error."""
     config = _pip_config() if config is None else config
-    fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".part", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=folder)
     h, size = hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as out, _open(url, config) as resp:

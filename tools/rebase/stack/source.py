@@ -98,6 +98,7 @@ def download_sdist(cache: Path, package: str, version: str, sha256: str = "", lo
     the index serves is taken and enforced the same way. The caller re-hashes on every use.
     """
     from tools.rebase.stack import simpleindex
+    from tools.rebase.git.lock import key_locked
     from tools.rebase.git.safefs import makedirs
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -105,16 +106,21 @@ def download_sdist(cache: Path, package: str, version: str, sha256: str = "", lo
     if target.is_file() and not target.is_symlink():
         return target
     makedirs(cache, target.parent)
-    url, sha256 = _pick(package, version, sha256)
-    log(f"downloading the sdist of {package}=={version} (sha256 {sha256[:12] or '(taken now)'}..., "
-        f"checked while it streams; nothing in it runs) into {target.parent}")
-    started = time.monotonic()
-    try:
-        part, actual, size = simpleindex.download(url, sha256, target.parent)
-    except RebaseError as exc:
-        raise RebaseError(f"could not download the sdist of {package}=={version} (expected sha256 "
-                          f"{sha256 or 'any'}); nothing from it was run or cached:\n{exc}") from None
-    os.replace(part, target)
+    with key_locked(target.parent, target.name):  # another run filling the same entry: wait for it
+        if target.is_file() and not target.is_symlink():
+            return target
+        for stale in target.parent.glob(f".{target.name}.*.part"):  # a killed holder's half file
+            stale.unlink(missing_ok=True)
+        url, sha256 = _pick(package, version, sha256)
+        log(f"downloading the sdist of {package}=={version} (sha256 {sha256[:12] or '(taken now)'}..., "
+            f"checked while it streams; nothing in it runs) into {target.parent}")
+        started = time.monotonic()
+        try:
+            part, actual, size = simpleindex.download(url, sha256, target.parent, prefix=f".{target.name}.")
+        except RebaseError as exc:
+            raise RebaseError(f"could not download the sdist of {package}=={version} (expected sha256 "
+                              f"{sha256 or 'any'}); nothing from it was run or cached:\n{exc}") from None
+        os.replace(part, target)
     log(f"downloaded {target.name} ({size:,} bytes in {time.monotonic() - started:.1f} s, sha256 "
         f"verified) to {target}")
     return target
@@ -182,12 +188,22 @@ def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
 
 def ensure_work_repo(work: Path):
     """The work repo, created when absent (or when its ``.git`` lost its HEAD to a kill), with the
-    tool's attributes pinned over any a tree could carry."""
+    tool's attributes pinned over any a tree could carry. A new ``.git`` is made whole (with its
+    marker, ``git/owned.py``) in a private folder and renamed into place."""
     from tools.rebase.git.gitcmd import pin_attributes
+    from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
     from tools.rebase.git.safefs import makedirs
 
-    if not (work / ".git" / "HEAD").is_file():
+    if not os.path.lexists(work / ".git"):
         makedirs(work.parent.parent, work)
+        staging = Path(tempfile.mkdtemp(prefix=".work-", dir=work.parent))
+        try:
+            git("init", "-q", "-b", "patched", cwd=staging)
+            mark(staging / ".git", WORK_MARKER, WORK_PURPOSE)
+            os.rename(staging / ".git", work / ".git")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    elif not (work / ".git" / "HEAD").is_file():
         git("init", "-q", "-b", "patched", cwd=work)
     pin_attributes(work / ".git")
 
@@ -255,22 +271,8 @@ def _commit_tree(work: Path, tree: str, message: str, when: int) -> str:
 MIRROR_MARKER = "megatron-rebase-mirror"  # written by the tool into every cache repo it creates
 
 
-def _marker_text(url: str) -> str:
-    return f"created by tools.rebase for {url}\n"
-
-
-def _owned_mirror(repo: Path, url: str) -> bool:
-    """A cache repo the tool created: a real folder holding its marker, both owned by this user."""
-    import stat as _stat
-
-    marker = repo / MIRROR_MARKER
-    try:
-        st_repo, st_marker = os.lstat(repo), os.lstat(marker)
-        text = marker.read_text() if _stat.S_ISREG(st_marker.st_mode) else ""
-    except (FileNotFoundError, UnicodeDecodeError):
-        return False
-    return (_stat.S_ISDIR(st_repo.st_mode) and st_repo.st_uid == st_marker.st_uid == os.getuid()
-            and text == _marker_text(url))
+def _mirror_purpose(url: str) -> str:
+    return f"the cache repository of {url}"
 
 
 @contextlib.contextmanager
@@ -279,19 +281,17 @@ def _git_cache(cache: Path, url: str):
 
     It is made whole in a private folder (bare init, pinned attributes, the marker) and renamed
     into place, so a kill never leaves a half-made one. A folder at its name that the tool did not
-    make is refused (another user's, or one a checkout committed, could carry hooks or config);
+    make is refused (another user's, or one a checkout carried, could hold hooks or config);
     an empty one (left by older versions killed mid-init) is taken as absent."""
-    import fcntl
-
     from tools.rebase.git.gitcmd import pin_attributes
-    from tools.rebase.git.safefs import makedirs, open_nofollow
+    from tools.rebase.git.lock import key_locked
+    from tools.rebase.git.owned import is_marked, mark
+    from tools.rebase.git.safefs import makedirs
 
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     folder = makedirs(cache, Path(cache) / "git")
     repo = folder / f"{key}.git"
-    fd = open_nofollow(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with key_locked(folder, key):
         if repo.is_dir() and not repo.is_symlink() and not any(repo.iterdir()):
             repo.rmdir()
         if not (repo.exists() or repo.is_symlink()):
@@ -299,18 +299,16 @@ def _git_cache(cache: Path, url: str):
             try:
                 git("init", "-q", "--bare", staging, cwd=folder)
                 pin_attributes(staging)
-                (staging / MIRROR_MARKER).write_text(_marker_text(url))
+                mark(staging, MIRROR_MARKER, _mirror_purpose(url))
                 os.rename(staging, repo)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-        if not _owned_mirror(repo, url):
+        if not is_marked(repo, MIRROR_MARKER, _mirror_purpose(url)):
             raise RebaseError(f"{repo}: this cache repository was not created by tools.rebase for you "
-                              f"(no {MIRROR_MARKER} marker owned by uid {os.getuid()}, or a link); "
-                              f"it is not used. Remove it and run again.")
+                              f"(no valid {MIRROR_MARKER} marker owned by uid {os.getuid()}, or a link, "
+                              f"or unpacked or copied from elsewhere); it is not used. Remove it and run again.")
         yield repo
-    finally:
-        os.close(fd)
 
 
 # Canonical URL -> local git repository holding its objects (``bump --mirror PATH``): objects are

@@ -78,7 +78,7 @@ def remove_stale_scratch(layout) -> None:
     """Scratch folders of killed runs (build worktrees, tree copies, staged exports): the caller
     holds the lock, so none is in use. Links are unlinked, never followed."""
     found = False
-    for pattern in ("build-*", "tree-*", "export-*"):
+    for pattern in ("build-*", "tree-*", "export-*", ".work-*"):
         for stale in layout.state_dir.glob(pattern):
             found = True
             if stale.is_symlink() or not stale.is_dir():
