@@ -16,7 +16,7 @@ from megatron.core.transformer.hyper_connection import HyperConnection
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mhc_recompute import build_mhc_recompute_layer_plan
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, causal_batch
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, run_distributed
 from tests.unit_tests.transformer.test_hyper_connection import grads_of, mhc_config
 
 LAYERS = 3
@@ -283,6 +283,68 @@ class TestSavedBytes:
 
         streams = SEQ * BATCH * 2 * 32 * 4  # [s, b, n*h] fp32
         assert held[1] - held[None] == (LAYERS - 1) * streams
+
+
+def _two_stages_grads_equal_no_recompute(rank, world_size):
+    """Pipeline stages of two layers each (+ MTP on the last): every stage's first recompute
+    block starts from the streams it received; gradients equal the run without the recompute."""
+    import torch.distributed as dist
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec,
+    )
+    from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import BATCH, SEQ, VOCAB
+
+    if not torch.cuda.is_available():
+        # LanguageModule moves the MTP stage's embedding copy with .cuda() before syncing it.
+        torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    Utils.initialize_model_parallel(1, 2)
+    models, exchanged = [], []
+    for extra in ({}, dict(recompute_granularity="selective", recompute_modules=["mhc"],
+                           mhc_recompute_layer_num=1)):  # fmt: skip
+        cfg = mhc_config(num_layers=4, mtp_num_layers=1, pipeline_model_parallel_size=2,
+                         pipeline_dtype=torch.float32, **extra)  # fmt: skip
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+        models.append(GPTModel(
+            cfg, spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+            mtp_block_spec=get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False),
+            share_embeddings_and_output_weights=False,
+            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        ))  # fmt: skip
+    models[1].load_state_dict(models[0].state_dict())
+    shape = (SEQ, BATCH, 2 * 32)
+    tokens, position_ids, mask = causal_batch()
+    for model in models:
+        if rank == 0:
+            out = model(tokens, position_ids, mask)
+            dist.send(out.detach().contiguous(), 1)
+            grad = torch.empty(shape)
+            dist.recv(grad, 1)
+            out.backward(grad)
+            exchanged.append((out.detach(), grad))
+        else:
+            received = torch.empty(shape)
+            dist.recv(received, 0)
+            received.requires_grad_(True)
+            model.set_input_tensor(received)
+            loss = model(tokens, position_ids, mask, labels=tokens)
+            loss.mean().backward()
+            dist.send(received.grad.contiguous(), 0)
+            exchanged.append((loss.detach(), received.grad))
+    assert torch.equal(exchanged[0][0], exchanged[1][0]), f"rank {rank}: forward differs"
+    torch.testing.assert_close(exchanged[1][1], exchanged[0][1], rtol=1e-5, atol=1e-7)
+    g0, g1 = grads_of(models[0]), grads_of(models[1])
+    assert g0.keys() == g1.keys() and len(g0) == len(list(models[0].parameters()))
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-7, msg=f"{rank}: {name}")
+
+
+class TestPipelineStages:
+    def test_two_gloo_ranks_grads_equal_no_recompute(self):
+        run_distributed(_two_stages_grads_equal_no_recompute, 2)
 
 
 @pytest.mark.gpu
