@@ -17,6 +17,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mhc_recompute import build_mhc_recompute_layer_plan
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, causal_batch
 from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.triton_interpreter import INTERPRETING, assert_interpreter_suite_passes
 from tests.unit_tests.transformer.test_hyper_connection import grads_of, mhc_config
 
 LAYERS = 3
@@ -127,7 +128,8 @@ class TestGradientsEqualNoRecompute:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    def _check(self, plain, rc):
+    @staticmethod
+    def check(plain, rc, rtol=1e-5, atol=1e-7):
         losses = []
         for model in (plain, rc):
             torch.manual_seed(1)  # the same dropout masks in both runs
@@ -138,18 +140,20 @@ class TestGradientsEqualNoRecompute:
         g0, g1 = grads_of(plain), grads_of(rc)
         assert g0.keys() == g1.keys() and len(g0) == len(list(plain.parameters()))
         for name in g0:
-            torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-7, msg=name)
+            torch.testing.assert_close(
+                g1[name], g0[name], rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
+            )
 
     @pytest.mark.parametrize("layer_num", [None, 1, 2])
     def test_blocks(self, layer_num):
-        self._check(*twin_models(layer_num))
+        self.check(*twin_models(layer_num))
 
     def test_with_mtp(self):
-        self._check(*twin_models(2, with_mtp=True))
+        self.check(*twin_models(2, with_mtp=True))
 
     def test_with_moe_recompute_and_dropout(self):
         # the MoE checkpoint's input is a freed norm output; dropout masks are replayed
-        self._check(*twin_models(2, ("mhc", "moe"), hidden_dropout=0.2))
+        self.check(*twin_models(2, ("mhc", "moe"), hidden_dropout=0.2))
 
     def test_every_recompute_block_ran(self, monkeypatch):
         calls = []
@@ -345,6 +349,35 @@ def _two_stages_grads_equal_no_recompute(rank, world_size):
 class TestPipelineStages:
     def test_two_gloo_ranks_grads_equal_no_recompute(self):
         run_distributed(_two_stages_grads_equal_no_recompute, 2)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
+def test_fused_kernels_in_the_triton_interpreter():
+    """TestFusedKernelsInterpreter under TRITON_INTERPRET=1, in a fresh interpreter."""
+    pytest.importorskip("triton")
+    import triton
+
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip("the interpreter of older triton (seen: 3.6) fails on scalar-bounded loops")
+    assert_interpreter_suite_passes(__file__, "TestFusedKernelsInterpreter", timeout=900)
+
+
+@pytest.mark.triton_interpreter_child
+class TestFusedKernelsInterpreter:
+    """The fused Triton path (use_fused_mhc=True) under the recompute, kernels interpreted on CPU."""
+
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    @pytest.mark.parametrize("layer_num,with_mtp", [(1, False), (2, True)])
+    def test_grads_equal_no_recompute(self, layer_num, with_mtp):
+        # the fused input step links H_res to a pass-through of the streams; under the
+        # recompute that link must not be followed (it would drop the residual gradient)
+        plain, rc = twin_models(layer_num, with_mtp=with_mtp, use_fused_mhc=True)
+        TestGradientsEqualNoRecompute.check(plain, rc)
 
 
 @pytest.mark.gpu
