@@ -155,6 +155,33 @@ class TestGradientsEqualNoRecompute:
         # the MoE checkpoint's input is a freed norm output; dropout masks are replayed
         self.check(*twin_models(2, ("mhc", "moe"), hidden_dropout=0.2))
 
+    def test_with_routing_replay(self):
+        # R3: training replays the routing a no-grad forward recorded before the routers moved;
+        # the MoE checkpoint's recompute replays it too
+        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+        plain, rc = twin_models(2, ("mhc", "moe"), moe_enable_routing_replay=True)
+        try:
+            for model in (plain, rc):
+                RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD, model=model)
+                with torch.no_grad():
+                    forward(model)
+                    recorded = RouterReplay.get_recorded_data_by_layer(model)
+                    assert sorted(recorded) == list(range(1, LAYERS + 1))
+                    gen = torch.Generator().manual_seed(3)
+                    for name, p in model.named_parameters():
+                        if "router" in name:
+                            p.add_(torch.randn(p.shape, generator=gen))
+                RouterReplay.set_replay_data(recorded, model=model)
+                RouterReplay.set_global_router_replay_action(
+                    RouterReplayAction.REPLAY_FORWARD, model=model
+                )
+            self.check(plain, rc)
+        finally:
+            for model in (plain, rc):
+                RouterReplay.clear_global_router_replay_action(model=model)
+                RouterReplay.clear_global_indices(model=model)
+
     def test_every_recompute_block_ran(self, monkeypatch):
         calls = []
         real = tp_random.CheckpointWithoutOutput._recompute
