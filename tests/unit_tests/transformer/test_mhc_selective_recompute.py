@@ -197,6 +197,12 @@ class TestGradientsEqualNoRecompute:
         assert len(calls) == LAYERS * 6 - LAYERS
         assert all(c.ctx is None and c.outputs is None for c in calls)
 
+        calls.clear()
+        _, rc = twin_models(None, with_mtp=True)
+        forward(rc).mean().backward()
+        # the decoder is one block; the MTP layer is a block of its own
+        assert len(calls) == (LAYERS * 6 - 1) + (6 - 1)
+
 
 class TestFlagOff:
     def setup_method(self, method):
