@@ -48,6 +48,8 @@ MHC = {"enable_mhc_connections": True, "mhc_num_residual_streams": 4}
 INT4 = {"moe_int4_fake_qat": True, "moe_int4_fake_qat_group_size": 128}
 R3 = {"moe_enable_routing_replay": True}
 RECLAIM = {"recompute_reclaim_inputs": True}
+# Selective mHC recompute: the connection math of every layer recomputed in its own backward.
+MHC_SELECTIVE = {"recompute_granularity": "selective", "recompute_modules": ["mhc"], "mhc_recompute_layer_num": 1}
 
 # name -> implementation, config overrides, whether R3 replays recorded routing every step.
 CONFIGS = {
@@ -56,6 +58,7 @@ CONFIGS = {
     "fork+mhc": {"impl": "fork", "config": MHC},
     "fork+int4": {"impl": "fork", "config": INT4},
     "fork+r3": {"impl": "fork", "config": R3, "replay": True},
+    "fork+mhc+sel": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE}},
     "upstream/rc": {"impl": "upstream", "config": RECOMPUTE},
     "fork/rc": {"impl": "fork", "config": RECOMPUTE},
     "fork+mhc/rc": {"impl": "fork", "config": {**RECOMPUTE, **MHC}},
@@ -70,6 +73,8 @@ COMPARISONS = {
     "mhc": ("fork", "fork+mhc", {"step": 1.10, "peak": 1.15}),
     "int4-qat": ("fork", "fork+int4", {"step": 1.10}),
     "r3-replay": ("fork", "fork+r3", {"step": 1.02}),
+    "mhc+sel": ("fork", "fork+mhc+sel", {"step": 1.10, "peak": 1.15}),
+    "mhc-sel-vs-keep": ("fork+mhc", "fork+mhc+sel", {}),
     "fork-vs-upstream/rc": ("upstream/rc", "fork/rc", {"step": 1 / 0.99, "peak": 1.01}),
     "mhc/rc": ("fork/rc", "fork+mhc/rc", {"step": 1.10, "peak": 1.15}),
     "int4-qat/rc": ("fork/rc", "fork+int4/rc", {"step": 1.10}),
@@ -300,7 +305,11 @@ def mhc_line(rows):
         return None
     rc = by.get("mhc/rc")
     pair = (rc["step_ratio"][0], rc["peak_ratio"]) if rc and "peak_ratio" in rc else None
-    return mhc_overhead_line("TE mHC overhead", m["step_ratio"][0], m["peak_ratio"], pair)
+    line = mhc_overhead_line("TE mHC overhead", m["step_ratio"][0], m["peak_ratio"], pair)
+    sel = by.get("mhc+sel")
+    if sel and "peak_ratio" in sel:
+        line += f"; with selective mHC recompute: step {sel['step_ratio'][0]:.2f}x, peak {sel['peak_ratio']:.2f}x"
+    return line
 
 
 def write_docs(payload):

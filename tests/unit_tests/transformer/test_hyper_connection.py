@@ -124,7 +124,7 @@ class TestHyperConnectionPieces:
         Utils.destroy_model_parallel()
 
     def test_mhc_recompute_layer_num_is_a_clear_error(self):
-        # upstream main's knob for its selective "mhc" recompute, which the fork does not have
+        # the block size of the selective "mhc" recompute: refused while that recompute is off
         with pytest.raises(ValueError, match="mhc_recompute_layer_num=2: .*selective 'mhc'"):
             mhc_config(mhc_recompute_layer_num=2)
         with pytest.raises(ValueError, match="mhc_recompute_layer_num=1"):
