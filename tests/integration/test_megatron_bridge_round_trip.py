@@ -98,6 +98,8 @@ def fork_models(path):
     provider.params_dtype = torch.float32
     provider.bf16 = False
     provider.fp16 = False
+    # Its default fuses wgrad accumulation through apex, which the fork does not need or ship.
+    provider.gradient_accumulation_fusion = False
     provider.finalize()
     models = provider.provide_distributed_model(wrap_with_ddp=False)
     return bridge, models

@@ -448,7 +448,11 @@ class TestMLAYarnRopeKernelsGPU:
                 grads = {n: p.grad.clone() for n, p in attn.named_parameters() if p.grad is not None}
                 results.append((out.detach(), x.grad.clone(), grads))
             (out0, dx0, g0), (out1, dx1, g1) = results
-            tol = dict(rtol=1e-4, atol=1e-4)
+            # TE's float32 GEMMs run on TF32 tensor cores: the weight gradients, sums over every
+            # token, then differ by a few 1e-4 between two runs that order work differently (seen
+            # on the H200: 3.8e-4 on linear_kv_down_proj). A wrong RoPE changes them by O(1).
+            te = layer_specs == "transformer_engine"
+            tol = dict(rtol=1e-3, atol=1e-3) if te else dict(rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(out1, out0, **tol)
             torch.testing.assert_close(dx1, dx0, **tol)
             assert g0 and g0.keys() == g1.keys()

@@ -424,17 +424,18 @@ class TestFusedKernelsOnGPU:
         Utils.destroy_model_parallel()
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-    def test_grads_equal_and_memory_drops(self, dtype):
+    def test_grads_equal(self, dtype):
+        """Loss and gradients of the fused path equal the run without the recompute. (What the
+        recompute frees is counted byte for byte on CPU by the saved-tensors census above, and
+        measured on the GPU by bench/te_bench.py; a memory_allocated() difference here is not a
+        measure of it: on the H200 the first forward freed more than it kept.)"""
         half = dtype == torch.bfloat16
         plain, rc = twin_models(1, use_fused_mhc=True, bf16=half, params_dtype=dtype)
-        held, losses = [], []
+        losses = []
         for model in (plain, rc):
             model.cuda().to(dtype)
             tokens, position_ids, mask = (t.cuda() for t in causal_batch())
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
             loss = model(tokens, position_ids, mask, labels=tokens)
-            held.append(torch.cuda.memory_allocated() - before)
             loss.float().mean().backward()
             losses.append(loss.detach().float())
         torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
@@ -443,8 +444,3 @@ class TestFusedKernelsOnGPU:
         tol = dict(rtol=2e-2, atol=2e-3) if half else dict(rtol=1e-4, atol=1e-6)
         for name in g0:
             torch.testing.assert_close(g1[name].float(), g0[name].float(), **tol, msg=name)
-        from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import BATCH, SEQ
-
-        streams = SEQ * BATCH * 2 * 32 * torch.finfo(dtype).bits // 8
-        # at least every layer's attention-combine output (the MLP sublayer's input streams)
-        assert held[0] - held[1] >= LAYERS * streams, held
