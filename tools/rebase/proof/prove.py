@@ -105,12 +105,13 @@ def _shim_dir(run: Path) -> Path:
     return run.parent / "isolation"
 
 
-def _pytest_once(run: Path, node_ids: list) -> dict:
+def _pytest_once(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     report_file = run / ".prove-report.json"
     report_file.unlink(missing_ok=True)
     env = isolated_env(run, _shim_dir(run), FORK_PROVE_REPORT=str(report_file))
     proc = CHILDREN.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
+         *(["--exitfirst"] if first_failure else []),
          "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
         cwd=run, env=env,
     )
@@ -119,11 +120,13 @@ def _pytest_once(run: Path, node_ids: list) -> dict:
     return json.loads(report_file.read_text())
 
 
-def run_tests(run: Path, node_ids: list) -> dict:
+def run_tests(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack).
 
     A node id inside a file that fails to import makes pytest stop before running anything, so
     the ids of the files that did import are run again on their own (one more process).
+    ``first_failure`` (a mutant run: one failure decides) stops at the first failing test; the
+    ids it never reached come back "not found".
     """
     # pytest loads a "-p NAME" plugin even after "--", so an id that is an option must never get here.
     unsafe = [n for n in node_ids if invalid_test_id(n)]
@@ -132,9 +135,11 @@ def run_tests(run: Path, node_ids: list) -> dict:
     report = {"outcomes": {}, "collect_errors": []}
     remaining = list(node_ids)
     while remaining:
-        once = _pytest_once(run, remaining)
+        once = _pytest_once(run, remaining, first_failure)
         report["outcomes"].update(once["outcomes"])
         report["collect_errors"] += once["collect_errors"]
+        if first_failure and (once["collect_errors"] or "failed" in once["outcomes"].values()):
+            break
         left = [n for n in remaining
                 if outcomes_for([n], report)[n] == "not found"]
         if not once["collect_errors"] or len(left) == len(remaining):

@@ -9,6 +9,7 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 ``patches/proof.json`` with the stack digest; ``check`` flags them when the stack changed.
 """
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -112,6 +113,8 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
     Each patch is a group: its baseline run (its tests on the patch itself), then one run per
     mutant, spread over ``jobs`` slots; the scores, and the lines logged, do not depend on
     ``jobs``."""
+    # A mutant needs one failing test to be killed: its runs stop at the first failure.
+    mutant_runner = runner or functools.partial(run_tests, first_failure=True)
     runner = runner or run_tests
     _, patches = load_stack(layout)
     chosen = select(patches, wanted)
@@ -141,7 +144,7 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
             original = target.read_text()
             target.write_text(apply_mutant(original, mutant))
             try:
-                return _outcome(runner(slot_run, mine))
+                return _outcome(mutant_runner(slot_run, mine))
             except RebaseError:  # pytest could not even report: the tree does not import
                 return "killed"
             finally:
