@@ -22,7 +22,7 @@ from tools.rebase.proof.mutants import (
     in_code,
     load_equivalents,
     mutants_of_patch,
-    sample,
+    sample_where,
     score,
 )
 from tools.rebase.git.gitcmd import git_proc
@@ -49,7 +49,7 @@ class MutantScore:
     survivors: list = field(default_factory=list)  # "path:line: original -> mutated (operator) [id]"
     equivalent: list = field(default_factory=list)  # "id: reason"
     not_run: int = 0  # mutants whose tests all skipped here (GPU-only) or could not run
-    invalid: int = 0  # mutants that do not compile (not counted)
+    invalid: int = 0  # mutants drawn that did not compile (replaced by the next ones drawn)
     skipped_tests: int = 0  # Tests: ids that skip on this machine (GPU-only): they kill nothing here
     note: str = ""
 
@@ -78,23 +78,25 @@ def _outcome(outcomes: dict) -> str:
 
 
 def _sampled(repo: Path, commit: str, patch, count: int, seed: int) -> tuple:
-    """(mutants that compile, number that do not) of ``patch``, sampled as ``count`` with ``seed``
-    from the patched files at ``commit`` (read from git: no checkout needed)."""
+    """(``count`` mutants of ``patch`` sampled with ``seed``, number left out as not compiling),
+    from the patched files at ``commit`` (read from git: no checkout needed). A mutant that does
+    not compile (a line inside a multi-line construct) tests nothing, so the sample is drawn from
+    the ones that do: ``count`` means ``count`` test runs."""
     candidates = mutants_of_patch(patch.path.read_text(errors="replace"))
     texts = {}
     for path in {m.path for m in candidates}:
         shown = git_proc("show", f"{commit}:{path}", cwd=repo)
         if shown.returncode == 0:
             texts[path] = shown.stdout
-    valid, invalid = [], 0
-    for mutant in sample(in_code(candidates, texts), count, seed):
-        try:  # a line inside a multi-line construct can give a file that does not parse
+
+    def compiles(mutant):
+        try:
             compile(apply_mutant(texts[mutant.path], mutant), mutant.path, "exec")
         except SyntaxError:
-            invalid += 1
-            continue
-        valid.append(mutant)
-    return valid, invalid
+            return False
+        return True
+
+    return sample_where([m for m in in_code(candidates, texts) if m.path in texts], count, seed, compiles)
 
 
 def _baseline_note(outcomes: dict) -> str:
@@ -190,7 +192,7 @@ def table(scores: list) -> str:
         shown = "n/a" if s.score is None else f"{s.score:.0%}"
         rows.append(f"| {s.name} | {s.killed} | {len(s.survivors)} | {len(s.equivalent)} | "
                     f"{s.not_run} | {shown} |" + (f" {s.note}" if s.note else "")
-                    + (f" ({s.invalid} mutants did not compile)" if s.invalid else ""))
+                    + (f" ({s.invalid} mutants drawn did not compile: others ran instead)" if s.invalid else ""))
     lines = [f"  survivor of {s.name}: {line}" for s in scores for line in s.survivors]
     return "\n".join(rows + lines) + "\n"
 
