@@ -3,6 +3,7 @@
 import argparse
 import signal
 import sys
+import time
 
 from tools.rebase.commands.bump_cli import register as register_bump_and_report
 from tools.rebase.errors import RebaseError
@@ -66,11 +67,14 @@ def _cmd_prove_mutants(args, lay):
         raise RebaseError(f"--jobs needs a count >= 1, got {args.jobs}")
     proved_digest = stack_digest_now(lay)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    began = time.monotonic()
     try:
         scores = mutate(lay, args.patches, args.mutants, args.seed, jobs=args.jobs)
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.stdout.write(table(scores))
+    print(f"mutants: {time.monotonic() - began:.0f} s wall with --jobs {args.jobs}; "
+          f"{sum(s.seconds for s in scores):.0f} s of builds and test runs", file=sys.stderr)
     if args.record:
         print(f"wrote {write_mutant_record(lay, scores, args.mutants, args.seed, proved_digest)}")
     return 1 if any(s.survivors for s in scores) else 0

@@ -86,7 +86,11 @@ def test_jobs_give_the_serial_scores_in_the_serial_order(fork):
     serial_log, parallel_log = [], []
     serial = mutate(fork.layout, count=count, log=serial_log.append)
     parallel = mutate(fork.layout, count=count, log=parallel_log.append, jobs=4)
-    assert [asdict(s) for s in parallel] == [asdict(s) for s in serial]
+    def verdicts(scores):  # all but the timing
+        return [{k: v for k, v in asdict(s).items() if k != "seconds"} for s in scores]
+
+    assert verdicts(parallel) == verdicts(serial)
+    assert serial[0].seconds > 0
     assert serial[0].killed and serial[0].survivors, "the comparison needs both outcomes"
     assert parallel_log == serial_log
     assert list(fork.scratch.iterdir()) == []

@@ -12,6 +12,7 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 import functools
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class MutantScore:
     invalid: int = 0  # mutants drawn that did not compile (replaced by the next ones drawn)
     skipped_tests: int = 0  # Tests: ids that skip on this machine (GPU-only): they kill nothing here
     note: str = ""
+    seconds: float = 0.0  # wall time of its runs (build and tests), summed over slots: for planning
 
     @property
     def score(self):
@@ -136,6 +138,10 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
                 slots.built[slot] = index
             return slot_run
 
+        def timed(slot, group, unit):
+            began = time.monotonic()
+            return work(slot, group, unit), time.monotonic() - began
+
         def work(slot, group, unit):
             index, mine = chosen[group], tests[group]
             if unit == 0:
@@ -157,7 +163,8 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
         def report(group, results):
             index, (mutants, invalid) = chosen[group], plans[group]
             result = MutantScore(patches[index].name, invalid=invalid)
-            baseline = results[0]
+            result.seconds = round(sum(r[1] for r in results if r is not None), 1)
+            baseline, results = results[0][0], [None] + [r[0] for r in results[1:] if r is not None]
             result.skipped_tests = sum(1 for v in baseline.values() if v == "skipped")
             if _outcome(baseline) != "survived":
                 result.note = _baseline_note(baseline)
@@ -181,8 +188,8 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
                 f"{len(result.survivors)} survived, {len(result.equivalent)} equivalent")
             scores.append(result)
 
-        run_groups([1 + len(mutants) for mutants, _ in plans], work, jobs,
-                   go_on=lambda baseline: _outcome(baseline) == "survived", on_group=report)
+        run_groups([1 + len(mutants) for mutants, _ in plans], timed, jobs,
+                   go_on=lambda baseline: _outcome(baseline[0]) == "survived", on_group=report)
     return scores
 
 
