@@ -199,7 +199,7 @@ class TestReclaimInModels:
             torch.testing.assert_close(g_on[name], g_off[name], rtol=0, atol=0, msg=name)
 
     def test_mhc_mtp_full_recompute_flag_on(self):
-        mhc = dict(enable_hyper_connections=True, num_residual_streams=2)
+        mhc = dict(enable_mhc_connections=True, mhc_num_residual_streams=2)
         off, _, _ = self._run(False, **mhc)
         on, seen, mtp_seen = self._run(True, state=off.state_dict(), **mhc)
         multistream = mtp_seen["mhc_multistream"]
@@ -261,7 +261,7 @@ _NAIVE_SCRIPT = textwrap.dedent(
     # Without mHC nothing reads a checkpoint input after its backward: the naive rule is exact.
     assert naive_vs_reference(cfg) == 0.0
     print("WITHOUT_MHC_EXACT", flush=True)
-    worst = naive_vs_reference(dict(cfg, enable_hyper_connections=True, num_residual_streams=2))
+    worst = naive_vs_reference(dict(cfg, enable_mhc_connections=True, mhc_num_residual_streams=2))
     print("MAXDIFF", worst, flush=True)
     sys.exit(3 if worst > 1e-6 else 0)
     """
@@ -312,7 +312,7 @@ class TestReclaimOnGPU:  # the lead runs these on the H200
 
     @pytest.mark.parametrize("mhc", [False, True], ids=["moe_mtp", "mhc_moe_mtp"])
     def test_flag_on_equals_off_and_reports_memory(self, mhc):
-        extra = dict(enable_hyper_connections=True, num_residual_streams=4) if mhc else {}
+        extra = dict(enable_mhc_connections=True, mhc_num_residual_streams=4) if mhc else {}
         off, off_now, off_peak = _gpu_run(False, 3, **extra)
         on, on_now, on_peak = _gpu_run(True, 3, state=off.state_dict(), **extra)
         print(f"reclaim off: allocated {off_now} peak {off_peak}; on: {on_now} peak {on_peak}")
