@@ -110,3 +110,18 @@ def test_an_interrupted_run_kills_the_children_it_started(tmp_path):
     assert [pid for pid in grandchildren if _alive(pid)] == []
     # the next run starts clean
     assert run_groups([1], lambda s, g, u: "ok", 2) == [["ok"]]
+
+
+def test_parallel_children_share_the_cpus_and_a_users_setting_wins(monkeypatch):
+    from tools.rebase.proof import parallel
+
+    monkeypatch.setattr(parallel, "_cpus", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def threads(slot, group, unit):
+        return CHILDREN.run(["sh", "-c", "echo ${OMP_NUM_THREADS:-unset}"]).stdout.strip()
+
+    assert run_groups([1, 1], threads, 4) == [["4"], ["4"]]
+    assert run_groups([1], threads, 1) == [["unset"]], "one job keeps torch's default"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert run_groups([1], threads, 4) == [["3"]]

@@ -29,11 +29,20 @@ class Children:
         self._lock = threading.Lock()
         self._live = set()
         self.cancelled = threading.Event()
+        self.threads = None  # OMP_NUM_THREADS for each child when several run at once
+
+    def _env(self, env):
+        if self.threads is None:
+            return env
+        env = dict(os.environ if env is None else env)
+        env.setdefault("OMP_NUM_THREADS", str(self.threads))  # a user's own setting wins
+        return env
 
     def run(self, cmd, **kwargs) -> subprocess.CompletedProcess:
         """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, killable as a group."""
         if self.cancelled.is_set():
             raise Cancelled()
+        kwargs["env"] = self._env(kwargs.get("env"))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, **kwargs)
         with self._lock:
@@ -58,8 +67,19 @@ class Children:
         for proc in live:
             _kill_group(proc)
 
-    def reset(self) -> None:
+    def reset(self, jobs: int = 1) -> None:
+        """Before a run of ``jobs`` at once: each child gets its share of the CPUs for torch's
+        threads (J pytest processes with a thread per CPU each would oversubscribe the machine J
+        times over); one job keeps torch's default."""
         self.cancelled.clear()
+        self.threads = max(1, _cpus() // jobs) if jobs > 1 else None
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _kill_group(proc) -> None:
@@ -148,7 +168,7 @@ def run_groups(sizes: list, work, jobs: int, go_on=lambda first: True, on_group=
     """
     if jobs < 1:
         raise RebaseError(f"--jobs needs a count >= 1, got {jobs}")
-    CHILDREN.reset()
+    CHILDREN.reset(jobs)
     plan = _Plan(sizes)
     reported = 0
 

@@ -171,7 +171,9 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
                 log(f"mutants: {index + 1:04d} {result.name}: skipped, {result.note}")
                 scores.append(result)
                 return
-            if result.skipped_tests:
+            if not mutants:
+                result.note = "no mutants: its added lines give none that compile"
+            elif result.skipped_tests:
                 result.note = f"{result.skipped_tests} of its Tests: skip here (GPU-only): not counted as kills"
             for mutant, outcome in zip(mutants, results[1:]):
                 if outcome == "killed":
