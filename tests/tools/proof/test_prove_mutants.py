@@ -119,3 +119,22 @@ def test_skipped_tests_never_kill_and_a_gpu_only_patch_has_no_score(tmp_path, mo
     from tools.rebase.proof.prove_mutants import table
 
     assert "| gamma-gpu | 0 | 0 | 0 | 0 | n/a | GPU-only" in table([mixed, gpu])
+
+
+def test_tests_failing_on_the_patch_itself_are_named_and_the_run_goes_on(tmp_path, monkeypatch):
+    # A Tests: id that needs a later patch fails on the stack up to this one: no mutant of it
+    # means anything, so the patch is skipped with that id named, and the next patch still runs.
+    fork = _fork_with_scratch(tmp_path, monkeypatch)
+    (fork.root / "tests" / "test_alpha.py").write_text(
+        TEST + "\n\ndef test_needs_a_later_patch():\n    assert clamp(12) == 11\n")
+    fork.stack([
+        ("alpha-clamp", {"megatron/core/alpha.py": CLAMP}, None, "Why.",
+         "tests/test_alpha.py::test_clamps_above_ten tests/test_alpha.py::test_needs_a_later_patch"),
+        ("beta-more", {"megatron/core/beta.py": lambda t: t + "BETA_MORE = 1\n"}, None, "Why.",
+         "tests/test_alpha.py::test_keeps_small_values"),
+    ])
+    first, second = mutate(fork.layout, count=3, log=quiet, jobs=2)
+    assert first.note == ("its Tests: do not pass on the patch itself "
+                          "(tests/test_alpha.py::test_needs_a_later_patch)")
+    assert first.score is None and first.killed == 0
+    assert second.note == "" and second.killed + len(second.survivors) == 2  # it ran both mutants

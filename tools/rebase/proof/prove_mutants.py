@@ -106,8 +106,9 @@ def _baseline_note(outcomes: dict) -> str:
         return "its Tests: name no test found here"
     if all(v == "skipped" for v in outcomes.values()):
         return "GPU-only: every test of its Tests: skips here; run --mutants on the GPU machine"
-    if any(v == "failed" for v in outcomes.values()):
-        return "its Tests: do not pass on the patch itself"
+    failed = [t for t, v in outcomes.items() if v == "failed"]
+    if failed:
+        return "its Tests: do not pass on the patch itself (" + ", ".join(failed) + ")"
     return "its Tests: do not run here (" + ", ".join(sorted(set(outcomes.values()))) + ")"
 
 
@@ -145,7 +146,10 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
         def work(slot, group, unit):
             index, mine = chosen[group], tests[group]
             if unit == 0:
-                return runner(build(slot, index), mine) if mine else {}
+                try:
+                    return runner(build(slot, index), mine) if mine else {}
+                except RebaseError as exc:  # one broken patch must not stop an unattended run
+                    return {"(pytest)": f"could not run: {str(exc).splitlines()[0]}"}
             mutant = plans[group][0][unit - 1]
             slot_run = build(slot, index)
             target = slot_run / mutant.path
