@@ -283,6 +283,8 @@ class TestNaiveRuleIsUnsafe:
         # ... and with mHC + MTP a signal (segfault), an exception reading the freed multistream,
         # or corrupt gradients: anything but a clean run.
         assert proc.returncode != 0, f"the naive rule ran cleanly with mHC + MTP:\n{tail}"
+        # A tree that refuses mHC with MTP or full recompute shows nothing about the rule.
+        assert "does not support" not in tail, tail
 
 
 def _gpu_run(reclaim, steps, state=None, **overrides):
