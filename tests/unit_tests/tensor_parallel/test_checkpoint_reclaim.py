@@ -149,6 +149,31 @@ class TestCheckpointReclaim:
         tensor_parallel.checkpoint(_stage(torch.eye(8)), False, y).sum().backward()
         assert y.untyped_storage().nbytes() > 0
 
+    def test_a_declaration_ends_with_its_context(self):
+        # A call site may declare and then not checkpoint (the chunk ran plain) or raise: the
+        # declaration must not reach the next checkpoint, and an inner one must not hide an
+        # outer one still pending.
+        from megatron.core.tensor_parallel.checkpoint_reclaim import (
+            declare_reclaimable_inputs,
+            take_reclaimable_inputs,
+        )
+
+        x = torch.randn(2, 8, requires_grad=True)
+        with declare_reclaimable_inputs((0,)):
+            pass
+        assert take_reclaimable_inputs((x,), False) == ()
+        with pytest.raises(RuntimeError, match="chunk failed"):
+            with declare_reclaimable_inputs((0,)):
+                raise RuntimeError("chunk failed")
+        assert take_reclaimable_inputs((x,), False) == ()
+        with declare_reclaimable_inputs((0,)):
+            with declare_reclaimable_inputs(()):
+                pass
+            assert take_reclaimable_inputs((x,), False) == (0,)
+        y = torch.randn(2, 8, requires_grad=True)
+        tensor_parallel.checkpoint(_stage(torch.eye(8)), False, y).sum().backward()
+        assert y.untyped_storage().nbytes() > 0
+
 
 class TestReclaimInModels:
     def setup_method(self, method):
