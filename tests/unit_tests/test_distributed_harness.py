@@ -38,3 +38,16 @@ class TestDistributedHarness:
         Utils.initialize_model_parallel(1, 1)
         assert dist.get_world_size() == 1
         Utils.destroy_model_parallel()
+
+    def test_ranks_meet_even_when_the_rendezvous_port_is_taken(self, monkeypatch):
+        # Between picking MASTER_PORT and rank 0 binding it, a test run beside this one can
+        # take the port; the ranks must not depend on it being free.
+        import socket
+
+        from tests.unit_tests import test_utilities
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            monkeypatch.setattr(test_utilities, "_free_port", lambda: taken.getsockname()[1])
+            run_distributed(_two_rank_tensor_parallel, 2, timeout=60)

@@ -8,6 +8,7 @@ every assignment, so a test can tell "unchanged" from "set again to the same val
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from megatron.core.memory_saver_hook_mode import (
     MEGATRON_HOOK_MODE,
     hook_mode_is_decided,
+    megatron_memory_saver_region,
     use_megatron_hook_mode_if_unset,
 )
 
@@ -78,11 +80,12 @@ IMPORT_SCRIPT = textwrap.dedent(
         "have_tms": [dynamic_context.HAVE_TORCH_MEMORY_SAVER, training.HAVE_TORCH_MEMORY_SAVER],
         "same_saver": dynamic_context.torch_memory_saver is tms and training.torch_memory_saver is tms,
     }
-    # What Megatron does right before allocating its KV cache through the saver.
-    dynamic_context.use_megatron_hook_mode_if_unset(dynamic_context.torch_memory_saver)
-    with dynamic_context.torch_memory_saver.region(tag="kv_cache"):
+    # How Megatron opens its KV cache's region (training's offloaded inference model: the same).
+    with dynamic_context.megatron_memory_saver_region(dynamic_context.torch_memory_saver, tag="kv_cache"):
         pass
     report["mode_in_use"] = tms._impl.hook_mode
+    report["training_opens_regions_the_same_way"] = (
+        training.megatron_memory_saver_region is dynamic_context.megatron_memory_saver_region)
     print("REPORT" + json.dumps(report))
     '''
 )
@@ -95,21 +98,36 @@ def _new_stub_saver():
 
 
 class TestHookModeAtUse:
-    def test_unset_mode_gets_torch(self):
+    def test_unset_mode_gets_torch(self, caplog):
         saver = _new_stub_saver()
         assert not hook_mode_is_decided(saver)
-        assert use_megatron_hook_mode_if_unset(saver) is True
+        with caplog.at_level(logging.INFO, logger="megatron.core.memory_saver_hook_mode"):
+            assert use_megatron_hook_mode_if_unset(saver) is True
         assert saver.assignments == [MEGATRON_HOOK_MODE] == ["torch"]
+        # The user is told which mode Megatron picked for them.
+        assert [r.getMessage() for r in caplog.records] == [
+            "torch_memory_saver: no hook mode chosen; using 'torch'"]
         with saver.region(tag="kv"):
             pass
         assert saver._impl.hook_mode == "torch"
 
+    @pytest.mark.parametrize("user_mode,mode_in_use", [(None, "torch"), ("preload", "preload")])
+    def test_megatron_region_chooses_the_mode_before_opening(self, user_mode, mode_in_use):
+        saver = _new_stub_saver()
+        if user_mode:
+            saver.hook_mode = user_mode
+        with megatron_memory_saver_region(saver, tag="kv", enable_cpu_backup=True):
+            assert saver._impl.hook_mode == mode_in_use
+        assert saver.assignments == [user_mode or MEGATRON_HOOK_MODE]
+
     @pytest.mark.parametrize("user_mode", ["preload", "torch"])
-    def test_user_choice_is_kept(self, user_mode):
+    def test_user_choice_is_kept(self, user_mode, caplog):
         saver = _new_stub_saver()
         saver.hook_mode = user_mode
         assert hook_mode_is_decided(saver)
-        assert use_megatron_hook_mode_if_unset(saver) is False
+        with caplog.at_level(logging.INFO, logger="megatron.core.memory_saver_hook_mode"):
+            assert use_megatron_hook_mode_if_unset(saver) is False
+        assert caplog.records == [], "nothing was chosen, so nothing is logged"
         assert saver.assignments == [user_mode]
         with saver.region(tag="kv"):
             pass
@@ -164,3 +182,4 @@ class TestImportLeavesHookModeAlone:
         assert report["have_tms"] == [True, True]
         assert report["same_saver"]
         assert report["mode_in_use"] == mode_in_use
+        assert report["training_opens_regions_the_same_way"]

@@ -29,7 +29,7 @@ class Utils:
     rank = 0
 
     @staticmethod
-    def initialize_distributed():
+    def initialize_distributed(init_method=None):
         if dist.is_initialized():
             return
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -38,7 +38,7 @@ class Utils:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(_backend(), rank=rank, world_size=world)
+        dist.init_process_group(_backend(), init_method=init_method, rank=rank, world_size=world)
         Utils.rank, Utils.world_size = rank, world
 
     @staticmethod
@@ -90,7 +90,7 @@ def _destroy_subgroups():
             dist.destroy_process_group(group)
 
 
-def _child(rank, world_size, port, fn, args, error_dir):
+def _child(rank, world_size, port, fn, args, error_dir, rendezvous):
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
@@ -98,7 +98,7 @@ def _child(rank, world_size, port, fn, args, error_dir):
 
     cpu_compat.install()
     try:
-        Utils.initialize_distributed()
+        Utils.initialize_distributed(init_method=f"file://{rendezvous}")
         fn(rank, world_size, *args)
     except BaseException:
         with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as fh:
@@ -112,13 +112,16 @@ def _child(rank, world_size, port, fn, args, error_dir):
 def run_distributed(fn, world_size=2, *args, timeout=300):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; raise if any rank fails.
 
-    ``fn`` must be a module-level function (spawned processes import it by name).
+    ``fn`` must be a module-level function (spawned processes import it by name). The ranks meet
+    through a file, not MASTER_PORT: a port picked here is free only until the ranks bind it,
+    seconds later, and a test run beside this one (``prove --jobs``) could take it meanwhile.
     """
-    with tempfile.TemporaryDirectory() as error_dir:
+    with tempfile.TemporaryDirectory() as error_dir, tempfile.TemporaryDirectory() as meet:
         ctx = mp.get_context("spawn")
         port = _free_port()
+        rendezvous = os.path.join(meet, "rendezvous")
         procs = [
-            ctx.Process(target=_child, args=(r, world_size, port, fn, args, error_dir))
+            ctx.Process(target=_child, args=(r, world_size, port, fn, args, error_dir, rendezvous))
             for r in range(world_size)
         ]
         for p in procs:

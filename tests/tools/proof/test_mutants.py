@@ -13,6 +13,7 @@ from tools.rebase.proof.mutants import (
     mutants_of_line,
     mutants_of_patch,
     sample,
+    sample_where,
     score,
 )
 
@@ -127,3 +128,22 @@ def test_lines_inside_a_docstring_are_not_code():
                   "flip comparison")
     assert in_code([prose, code], {"megatron/x.py": text}) == [code]
     assert code_lines("def f(:\n") is None
+
+
+def test_sample_where_fills_the_sample_with_mutants_that_pass_the_check():
+    mutants = mutants_of_patch(PATCH)
+    tried = []
+
+    def keep(m):
+        tried.append(m)
+        return m.operator != "delete statement"
+
+    chosen, rejected = sample_where(mutants, 3, 7, keep)
+    assert len(chosen) == 3 and all(m.operator != "delete statement" for m in chosen)
+    assert [mutants.index(m) for m in chosen] == sorted(mutants.index(m) for m in chosen)
+    assert rejected == len(tried) - 3, "it stops trying once the sample is full"
+    assert sample_where(mutants, 3, 7, keep)[0] == chosen, "seeded: the same sample again"
+    everything, rejected = sample_where(mutants, 99, 0, keep)
+    assert len(everything) + rejected == len(mutants)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        sample_where(mutants, -1, 0, keep)

@@ -204,3 +204,38 @@ def test_outcomes_for_a_directory_id_and_a_file_that_does_not_import():
     assert got == {"tests/unit": "passed", "tests/unit/test_a.py::TestK": "skipped",
                    "tests/broken": "failed", "tests/broken/test_b.py::test_x": "failed",
                    "tests/other/test_c.py::test_thre": "not found", "tests/missing": "not found"}
+
+
+def test_jobs_give_the_serial_verdicts_in_the_serial_order(fork):
+    from dataclasses import asdict
+
+    before = fork.snapshot(), _tree_digest(fork.root / "megatron"), _tree_digest(fork.work / ".git")
+    serial_log, parallel_log = [], []
+    serial = prove(fork.layout, log=serial_log.append)
+    parallel = prove(fork.layout, log=parallel_log.append, jobs=3)
+    assert [asdict(p) for p in parallel] == [asdict(p) for p in serial]
+    assert parallel_log == serial_log and len(serial_log) == 4
+    after = fork.snapshot(), _tree_digest(fork.root / "megatron"), _tree_digest(fork.work / ".git")
+    assert after == before, "prove --jobs must not touch the checkout either"
+    assert list(fork.scratch.iterdir()) == [], "every slot's scratch directory must be removed"
+
+
+def test_cli_refuses_a_bad_jobs_count(fork, capsys):
+    assert main(["-C", str(fork.root), "prove", "--jobs", "0"]) == 2
+    assert "--jobs needs a count >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_mutant_run_stops_at_the_first_failure(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from tools.rebase.proof import prove as prove_module
+
+    run = tmp_path / "run"
+    (run / "tests").mkdir(parents=True)
+    shutil.copy2(Path(prove_module.__file__).with_name("prove_report.py"), run / "_fork_prove_report.py")
+    (run / "tests" / "test_two.py").write_text(
+        "def test_first():\n    assert False\n\n\ndef test_second():\n    assert False\n")
+    ids = ["tests/test_two.py::test_first", "tests/test_two.py::test_second"]
+    assert prove_module.run_tests(run, ids) == {ids[0]: "failed", ids[1]: "failed"}
+    assert prove_module.run_tests(run, ids, first_failure=True) == {ids[0]: "failed", ids[1]: "not found"}

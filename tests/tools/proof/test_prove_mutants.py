@@ -77,3 +77,64 @@ def test_record_and_check_flags_it_stale(fork, capsys):
 def test_bad_count_is_refused(fork, capsys):
     assert main(["-C", str(fork.root), "prove", "--mutants", "0"]) != 0
     assert "--mutants needs a count >= 1, got 0" in capsys.readouterr().err
+
+
+def test_jobs_give_the_serial_scores_in_the_serial_order(fork):
+    from dataclasses import asdict
+
+    count = len(_patch_mutants(fork))
+    serial_log, parallel_log = [], []
+    serial = mutate(fork.layout, count=count, log=serial_log.append)
+    parallel = mutate(fork.layout, count=count, log=parallel_log.append, jobs=4)
+    def verdicts(scores):  # all but the timing
+        return [{k: v for k, v in asdict(s).items() if k != "seconds"} for s in scores]
+
+    assert verdicts(parallel) == verdicts(serial)
+    assert serial[0].seconds > 0
+    assert serial[0].killed and serial[0].survivors, "the comparison needs both outcomes"
+    assert parallel_log == serial_log
+    assert list(fork.scratch.iterdir()) == []
+
+
+def test_skipped_tests_never_kill_and_a_gpu_only_patch_has_no_score(tmp_path, monkeypatch):
+    fork = _fork_with_scratch(tmp_path, monkeypatch)
+    (fork.root / "tests" / "test_alpha.py").write_text(TEST + (
+        "\n\nimport pytest\n\n\n@pytest.mark.skip(reason='needs a CUDA device')\n"
+        "def test_on_gpu():\n    assert clamp(99) == 10\n"))
+    (fork.root / "tests" / "test_gpu.py").write_text(
+        "import pytest\n\n\n@pytest.mark.skip(reason='needs a CUDA device')\n"
+        "def test_gamma_on_gpu():\n    assert False\n")
+    fork.stack([
+        ("alpha-clamp", {"megatron/core/alpha.py": CLAMP}, None, "Why.",
+         "tests/test_alpha.py::test_keeps_small_values tests/test_alpha.py::test_on_gpu"),
+        ("gamma-gpu", {"megatron/core/gamma.py": "G = 1\nH = G + 1\n"}, None, "Why.", "tests/test_gpu.py"),
+    ])
+    mixed, gpu = mutate(fork.layout, count=20, log=quiet, jobs=2)
+    # The mutants only the skipped test could kill ("return 10" deleted, "x > 10" -> "x > 11")
+    # survive here: a skip is never a kill.
+    assert mixed.skipped_tests == 1 and "1 of its Tests: skip here (GPU-only)" in mixed.note
+    assert any("return 10 -> pass" in s for s in mixed.survivors)
+    assert gpu.killed == 0 and gpu.survivors == [] and gpu.score is None
+    assert gpu.note.startswith("GPU-only: every test of its Tests: skips here")
+    from tools.rebase.proof.prove_mutants import table
+
+    assert "| gamma-gpu | 0 | 0 | 0 | 0 | n/a | GPU-only" in table([mixed, gpu])
+
+
+def test_tests_failing_on_the_patch_itself_are_named_and_the_run_goes_on(tmp_path, monkeypatch):
+    # A Tests: id that needs a later patch fails on the stack up to this one: no mutant of it
+    # means anything, so the patch is skipped with that id named, and the next patch still runs.
+    fork = _fork_with_scratch(tmp_path, monkeypatch)
+    (fork.root / "tests" / "test_alpha.py").write_text(
+        TEST + "\n\ndef test_needs_a_later_patch():\n    assert clamp(12) == 11\n")
+    fork.stack([
+        ("alpha-clamp", {"megatron/core/alpha.py": CLAMP}, None, "Why.",
+         "tests/test_alpha.py::test_clamps_above_ten tests/test_alpha.py::test_needs_a_later_patch"),
+        ("beta-more", {"megatron/core/beta.py": lambda t: t + "BETA_MORE = 1\n"}, None, "Why.",
+         "tests/test_alpha.py::test_keeps_small_values"),
+    ])
+    first, second = mutate(fork.layout, count=3, log=quiet, jobs=2)
+    assert first.note == ("its Tests: do not pass on the patch itself "
+                          "(tests/test_alpha.py::test_needs_a_later_patch)")
+    assert first.score is None and first.killed == 0
+    assert second.note == "" and second.killed + len(second.survivors) == 2  # it ran both mutants

@@ -149,6 +149,31 @@ class TestCheckpointReclaim:
         tensor_parallel.checkpoint(_stage(torch.eye(8)), False, y).sum().backward()
         assert y.untyped_storage().nbytes() > 0
 
+    def test_a_declaration_ends_with_its_context(self):
+        # A call site may declare and then not checkpoint (the chunk ran plain) or raise: the
+        # declaration must not reach the next checkpoint, and an inner one must not hide an
+        # outer one still pending.
+        from megatron.core.tensor_parallel.checkpoint_reclaim import (
+            declare_reclaimable_inputs,
+            take_reclaimable_inputs,
+        )
+
+        x = torch.randn(2, 8, requires_grad=True)
+        with declare_reclaimable_inputs((0,)):
+            pass
+        assert take_reclaimable_inputs((x,), False) == ()
+        with pytest.raises(RuntimeError, match="chunk failed"):
+            with declare_reclaimable_inputs((0,)):
+                raise RuntimeError("chunk failed")
+        assert take_reclaimable_inputs((x,), False) == ()
+        with declare_reclaimable_inputs((0,)):
+            with declare_reclaimable_inputs(()):
+                pass
+            assert take_reclaimable_inputs((x,), False) == (0,)
+        y = torch.randn(2, 8, requires_grad=True)
+        tensor_parallel.checkpoint(_stage(torch.eye(8)), False, y).sum().backward()
+        assert y.untyped_storage().nbytes() > 0
+
 
 class TestReclaimInModels:
     def setup_method(self, method):
@@ -199,7 +224,7 @@ class TestReclaimInModels:
             torch.testing.assert_close(g_on[name], g_off[name], rtol=0, atol=0, msg=name)
 
     def test_mhc_mtp_full_recompute_flag_on(self):
-        mhc = dict(enable_hyper_connections=True, num_residual_streams=2)
+        mhc = dict(enable_mhc_connections=True, mhc_num_residual_streams=2)
         off, _, _ = self._run(False, **mhc)
         on, seen, mtp_seen = self._run(True, state=off.state_dict(), **mhc)
         multistream = mtp_seen["mhc_multistream"]
@@ -261,7 +286,7 @@ _NAIVE_SCRIPT = textwrap.dedent(
     # Without mHC nothing reads a checkpoint input after its backward: the naive rule is exact.
     assert naive_vs_reference(cfg) == 0.0
     print("WITHOUT_MHC_EXACT", flush=True)
-    worst = naive_vs_reference(dict(cfg, enable_hyper_connections=True, num_residual_streams=2))
+    worst = naive_vs_reference(dict(cfg, enable_mhc_connections=True, mhc_num_residual_streams=2))
     print("MAXDIFF", worst, flush=True)
     sys.exit(3 if worst > 1e-6 else 0)
     """
@@ -283,6 +308,8 @@ class TestNaiveRuleIsUnsafe:
         # ... and with mHC + MTP a signal (segfault), an exception reading the freed multistream,
         # or corrupt gradients: anything but a clean run.
         assert proc.returncode != 0, f"the naive rule ran cleanly with mHC + MTP:\n{tail}"
+        # A tree that refuses mHC with MTP or full recompute shows nothing about the rule.
+        assert "does not support" not in tail, tail
 
 
 def _gpu_run(reclaim, steps, state=None, **overrides):
@@ -312,7 +339,7 @@ class TestReclaimOnGPU:  # the lead runs these on the H200
 
     @pytest.mark.parametrize("mhc", [False, True], ids=["moe_mtp", "mhc_moe_mtp"])
     def test_flag_on_equals_off_and_reports_memory(self, mhc):
-        extra = dict(enable_hyper_connections=True, num_residual_streams=4) if mhc else {}
+        extra = dict(enable_mhc_connections=True, mhc_num_residual_streams=4) if mhc else {}
         off, off_now, off_peak = _gpu_run(False, 3, **extra)
         on, on_now, on_peak = _gpu_run(True, 3, state=off.state_dict(), **extra)
         print(f"reclaim off: allocated {off_now} peak {off_peak}; on: {on_now} peak {on_peak}")

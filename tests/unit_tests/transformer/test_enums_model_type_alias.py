@@ -30,3 +30,13 @@ def test_models_still_report_encoder_or_decoder():
         assert model.model_type != ModelType.encoder_and_decoder
     finally:
         Utils.destroy_model_parallel()
+
+
+def test_a_member_pickled_by_an_earlier_release_loads_as_it():
+    # Checkpoints keep the run's args, model_type among them, pickled; an Enum member pickles
+    # by value, and the releases that had this member gave it 2. These are the bytes such a
+    # release wrote (protocol 2: ModelType called with 2).
+    import pickle
+
+    written_by_an_earlier_release = b"\x80\x02cmegatron.core.transformer.enums\nModelType\nK\x02\x85R."
+    assert pickle.loads(written_by_an_earlier_release) is ModelType.encoder_and_decoder

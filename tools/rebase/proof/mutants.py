@@ -190,6 +190,24 @@ def sample(mutants: list, count: int, seed: int = 0) -> list:
     return [m for i, m in enumerate(mutants) if i in chosen]
 
 
+def sample_where(mutants: list, count: int, seed: int, keep) -> tuple:
+    """``(sample, rejected)``: ``count`` mutants for which ``keep(mutant)`` holds, taken in a
+    ``random.Random(seed)`` order and returned in patch order, and how many were tried and
+    rejected on the way. Only as many are tried as the sample needs (``keep`` may be costly)."""
+    if count < 0:
+        raise ValueError(f"mutant count must be >= 0, got {count}")
+    order = random.Random(seed).sample(range(len(mutants)), len(mutants))
+    chosen, rejected = [], 0
+    for i in order:
+        if len(chosen) == count:
+            break
+        if keep(mutants[i]):
+            chosen.append(i)
+        else:
+            rejected += 1
+    return [mutants[i] for i in sorted(chosen)], rejected
+
+
 def apply_mutant(text: str, mutant: Mutant) -> str:
     """``text`` (the patched file) with the mutant's line replaced; refuses a stale mutant."""
     lines = text.split("\n")

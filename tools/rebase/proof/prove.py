@@ -12,9 +12,9 @@ on SIGTERM: the CLI turns it into an exit).
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ from tools.rebase.stack.source import base_tag, import_base
 from tools.rebase.stack.stack import am_one
 from tools.rebase.stack.state import current_digest
 from tools.rebase.proof.isolation import isolated_env
+from tools.rebase.proof.parallel import CHILDREN, run_groups
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
 
@@ -104,25 +105,28 @@ def _shim_dir(run: Path) -> Path:
     return run.parent / "isolation"
 
 
-def _pytest_once(run: Path, node_ids: list) -> dict:
+def _pytest_once(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     report_file = run / ".prove-report.json"
     report_file.unlink(missing_ok=True)
     env = isolated_env(run, _shim_dir(run), FORK_PROVE_REPORT=str(report_file))
-    proc = subprocess.run(
+    proc = CHILDREN.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", _PLUGIN,
+         *(["--exitfirst"] if first_failure else []),
          "--continue-on-collection-errors", "--rootdir", str(run), "--", *node_ids],
-        cwd=run, env=env, capture_output=True, text=True,
+        cwd=run, env=env,
     )
     if not report_file.is_file():
         raise RebaseError(f"pytest wrote no report (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
     return json.loads(report_file.read_text())
 
 
-def run_tests(run: Path, node_ids: list) -> dict:
+def run_tests(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack).
 
     A node id inside a file that fails to import makes pytest stop before running anything, so
     the ids of the files that did import are run again on their own (one more process).
+    ``first_failure`` (a mutant run: one failure decides) stops at the first failing test; the
+    ids it never reached come back "not found".
     """
     # pytest loads a "-p NAME" plugin even after "--", so an id that is an option must never get here.
     unsafe = [n for n in node_ids if invalid_test_id(n)]
@@ -131,9 +135,11 @@ def run_tests(run: Path, node_ids: list) -> dict:
     report = {"outcomes": {}, "collect_errors": []}
     remaining = list(node_ids)
     while remaining:
-        once = _pytest_once(run, remaining)
+        once = _pytest_once(run, remaining, first_failure)
         report["outcomes"].update(once["outcomes"])
         report["collect_errors"] += once["collect_errors"]
+        if first_failure and (once["collect_errors"] or "failed" in once["outcomes"].values()):
+            break
         left = [n for n in remaining
                 if outcomes_for([n], report)[n] == "not found"]
         if not once["collect_errors"] or len(left) == len(remaining):
@@ -207,8 +213,7 @@ def _import_failure(run: Path):
     A later patch can apply cleanly without the one being proven and still import a module only
     that one adds; then nothing can be tested until that later patch is dropped too."""
     env = isolated_env(run, _shim_dir(run))
-    proc = subprocess.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env,
-                          capture_output=True, text=True)
+    proc = CHILDREN.run([sys.executable, "-c", "import megatron.core"], cwd=run, env=env)
     if proc.returncode == 0:
         return None
     frames = _FRAME.findall(proc.stderr)
@@ -262,30 +267,76 @@ def scratch_stack(layout, patches: list, prefix: str):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prove(layout, wanted=None, log=print, runner=None) -> list:
-    """Prove the selected patches; return one :class:`Proof` per patch, in series order."""
+class Slots:
+    """One ``(repo, run directory)`` per ``--jobs`` thread. Slot 0 is the scratch stack's own;
+    slot ``i`` is made on its thread's first use next to it (a repo borrowing the scratch repo's
+    objects, a run directory of its own), so parallel builds and test runs never share a file.
+    ``built[i]`` names what slot ``i``'s ``megatron/`` holds now, so a thread rebuilds only when
+    it moves to another patch."""
+
+    def __init__(self, layout, repo: Path, run: Path):
+        self._layout = layout
+        self._made = {0: (repo, run)}
+        self._lock = threading.Lock()
+        self.built = {}
+
+    def get(self, slot: int) -> tuple:
+        with self._lock:
+            if slot in self._made:
+                return self._made[slot]
+        home = self._made[0][0].parent / f"slot-{slot}"
+        home.mkdir()
+        repo = home / "tree"
+        repo.mkdir()
+        init_borrowing(repo, self._made[0][0])
+        run = home / "run"
+        _prepare_run_dir(self._layout, run)
+        with self._lock:
+            self._made[slot] = (repo, run)
+        return repo, run
+
+
+def _prove_one(repo: Path, run: Path, patches: list, index: int, start: str, runner) -> Proof:
+    """The proof of ``patches[index]``, built without it (from ``start``) in ``repo``/``run``."""
+    patch = patches[index]
+    proof = Proof(patch.name, tests=len(patch.tests))
+    git("checkout", "-q", "-f", "--detach", start, cwd=repo)  # a new slot's tree is still empty
+    version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.without.{index + 1:04d}"
+    proof.dropped = _build_importable(repo, run, start, patches[index + 1:], version)
+    # A node id that names no test would abort the whole pytest run: report it instead.
+    present = [t for t in patch.tests if missing_test(run, t) is None]
+    outcomes = {t: "not found" for t in patch.tests if t not in present}
+    if present:
+        outcomes.update(runner(run, present))
+    proof.verdict, proof.failed, proof.skipped, proof.missing = verdict_for(outcomes)
+    proof.passing = [t for t in patch.tests if outcomes.get(t) == "passed"]
+    return proof
+
+
+def prove(layout, wanted=None, log=print, runner=None, jobs=1) -> list:
+    """Prove the selected patches; return one :class:`Proof` per patch, in series order.
+
+    ``jobs`` patches are proven at once, each in its own slot; the proofs, and the lines logged,
+    are the same and in the same order whatever ``jobs`` is."""
     runner = runner or run_tests
     _, patches = load_stack(layout)
     chosen = select(patches, wanted)
-    proofs = []
     with scratch_stack(layout, patches, "fork-prove-") as (repo, base, commits, run):
-        for index in chosen:
-            patch = patches[index]
-            proof = Proof(patch.name, tests=len(patch.tests))
-            start = commits[index - 1] if index else base
-            version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.without.{index + 1:04d}"
-            proof.dropped = _build_importable(repo, run, start, patches[index + 1:], version)
-            # A node id that names no test would abort the whole pytest run: report it instead.
-            present = [t for t in patch.tests if missing_test(run, t) is None]
-            outcomes = {t: "not found" for t in patch.tests if t not in present}
-            if present:
-                outcomes.update(runner(run, present))
-            proof.verdict, proof.failed, proof.skipped, proof.missing = verdict_for(outcomes)
-            proof.passing = [t for t in patch.tests if outcomes.get(t) == "passed"]
-            log(f"prove: {index + 1:04d} {patch.name}: {proof.verdict} "
+        slots = Slots(layout, repo, run)
+
+        def work(slot, group, _unit):
+            index = chosen[group]
+            slot_repo, slot_run = slots.get(slot)
+            return _prove_one(slot_repo, slot_run, patches, index, commits[index - 1] if index else base,
+                              runner)
+
+        def report(group, results):
+            proof = results[0]
+            log(f"prove: {chosen[group] + 1:04d} {proof.name}: {proof.verdict} "
                 f"({proof.failed}/{proof.tests} failed without it)" + (f"; {proof.note}" if proof.note else ""))
-            proofs.append(proof)
-    return proofs
+
+        results = run_groups([1] * len(chosen), work, jobs, on_group=report)
+    return [r[0] for r in results]
 
 
 def table(proofs: list) -> str:

@@ -9,8 +9,10 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 ``patches/proof.json`` with the stack digest; ``check`` flags them when the stack changed.
 """
 
+import functools
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,10 +23,13 @@ from tools.rebase.proof.mutants import (
     in_code,
     load_equivalents,
     mutants_of_patch,
-    sample,
+    sample_where,
     score,
 )
+from tools.rebase.git.gitcmd import git_proc
+from tools.rebase.proof.parallel import run_groups
 from tools.rebase.proof.prove import (
+    Slots,
     _build_without,
     proof_path,
     run_tests,
@@ -44,12 +49,17 @@ class MutantScore:
     killed: int = 0
     survivors: list = field(default_factory=list)  # "path:line: original -> mutated (operator) [id]"
     equivalent: list = field(default_factory=list)  # "id: reason"
-    not_run: int = 0
-    invalid: int = 0  # mutants that do not compile (not counted)
+    not_run: int = 0  # mutants whose tests all skipped here (GPU-only) or could not run
+    invalid: int = 0  # mutants drawn that did not compile (replaced by the next ones drawn)
+    skipped_tests: int = 0  # Tests: ids that skip on this machine (GPU-only): they kill nothing here
     note: str = ""
+    seconds: float = 0.0  # wall time of its runs (build and tests), summed over slots: for planning
 
     @property
-    def score(self) -> float:
+    def score(self):
+        """Killed share of the non-equivalent mutants run; None when none ran (GPU-only here)."""
+        if self.killed + len(self.survivors) == 0 and self.note:
+            return None
         return score(self.killed, len(self.survivors))
 
 
@@ -59,6 +69,8 @@ def _equivalents(layout) -> dict:
 
 
 def _outcome(outcomes: dict) -> str:
+    """killed (a test failed), survived (none failed, at least one passed), else not run: a
+    skipped test is never a kill."""
     values = list(outcomes.values())
     if any(v == "failed" for v in values):
         return "killed"
@@ -67,46 +79,107 @@ def _outcome(outcomes: dict) -> str:
     return "not run"
 
 
-def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> list:
-    """Score the selected patches; one :class:`MutantScore` per patch, in series order."""
+def _sampled(repo: Path, commit: str, patch, count: int, seed: int) -> tuple:
+    """(``count`` mutants of ``patch`` sampled with ``seed``, number left out as not compiling),
+    from the patched files at ``commit`` (read from git: no checkout needed). A mutant that does
+    not compile (a line inside a multi-line construct) tests nothing, so the sample is drawn from
+    the ones that do: ``count`` means ``count`` test runs."""
+    candidates = mutants_of_patch(patch.path.read_text(errors="replace"))
+    texts = {}
+    for path in {m.path for m in candidates}:
+        shown = git_proc("show", f"{commit}:{path}", cwd=repo)
+        if shown.returncode == 0:
+            texts[path] = shown.stdout
+
+    def compiles(mutant):
+        try:
+            compile(apply_mutant(texts[mutant.path], mutant), mutant.path, "exec")
+        except SyntaxError:
+            return False
+        return True
+
+    return sample_where([m for m in in_code(candidates, texts) if m.path in texts], count, seed, compiles)
+
+
+def _baseline_note(outcomes: dict) -> str:
+    if not outcomes:
+        return "its Tests: name no test found here"
+    if all(v == "skipped" for v in outcomes.values()):
+        return "GPU-only: every test of its Tests: skips here; run --mutants on the GPU machine"
+    failed = [t for t, v in outcomes.items() if v == "failed"]
+    if failed:
+        return "its Tests: do not pass on the patch itself (" + ", ".join(failed) + ")"
+    return "its Tests: do not run here (" + ", ".join(sorted(set(outcomes.values()))) + ")"
+
+
+def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1) -> list:
+    """Score the selected patches; one :class:`MutantScore` per patch, in series order.
+
+    Each patch is a group: its baseline run (its tests on the patch itself), then one run per
+    mutant, spread over ``jobs`` slots; the scores, and the lines logged, do not depend on
+    ``jobs``."""
+    # A mutant needs one failing test to be killed: its runs stop at the first failure.
+    mutant_runner = runner or functools.partial(run_tests, first_failure=True)
     runner = runner or run_tests
     _, patches = load_stack(layout)
     chosen = select(patches, wanted)
     equivalents = _equivalents(layout)
-    scores = []
     with scratch_stack(layout, patches, "fork-mutants-") as (repo, _, commits, run):
-        for index in chosen:
-            patch = patches[index]
-            result = MutantScore(patch.name)
-            _build_without(repo, commits[index], [])  # the stack up to and including the patch
-            version = f"{upstream_version(repo / 'megatron/core/package_info.py')}+rl.mutants.{index + 1:04d}"
-            materialize(repo, run / "megatron", version, force=True)
-            tests = [t for t in patch.tests if missing_test(run, t) is None]
-            baseline = _outcome(runner(run, tests)) if tests else "not run"
-            if baseline != "survived":
-                result.note = "its Tests: do not pass on the patch itself" if baseline == "killed" \
-                    else "its Tests: do not run here (GPU-only or missing)"
-                scores.append(result)
-                log(f"mutants: {index + 1:04d} {patch.name}: skipped, {result.note}")
-                continue
-            candidates = mutants_of_patch(patch.path.read_text(errors="replace"))
-            texts = {p: (run / p).read_text() for p in {m.path for m in candidates} if (run / p).is_file()}
-            for mutant in sample(in_code(candidates, texts), count, seed):
-                target = run / mutant.path
-                original = target.read_text()
-                mutated = apply_mutant(original, mutant)
-                try:  # a line inside a multi-line construct can give a file that does not parse
-                    compile(mutated, str(target), "exec")
-                except SyntaxError:
-                    result.invalid += 1
-                    continue
-                target.write_text(mutated)
+        slots = Slots(layout, repo, run)
+        plans = [_sampled(repo, commits[index], patches[index], count, seed) for index in chosen]
+        tests = [[t for t in patches[index].tests if missing_test(run, t) is None] for index in chosen]
+
+        def build(slot, index):
+            slot_repo, slot_run = slots.get(slot)
+            if slots.built.get(slot) != index:
+                _build_without(slot_repo, commits[index], [])  # the stack up to and including it
+                version = (f"{upstream_version(slot_repo / 'megatron/core/package_info.py')}"
+                           f"+rl.mutants.{index + 1:04d}")
+                materialize(slot_repo, slot_run / "megatron", version, force=True)
+                slots.built[slot] = index
+            return slot_run
+
+        def timed(slot, group, unit):
+            began = time.monotonic()
+            return work(slot, group, unit), time.monotonic() - began
+
+        def work(slot, group, unit):
+            index, mine = chosen[group], tests[group]
+            if unit == 0:
                 try:
-                    outcome = _outcome(runner(run, tests))
-                except RebaseError:  # pytest could not even report: the tree does not import
-                    outcome = "killed"
-                finally:
-                    target.write_text(original)
+                    return runner(build(slot, index), mine) if mine else {}
+                except RebaseError as exc:  # one broken patch must not stop an unattended run
+                    return {"(pytest)": f"could not run: {str(exc).splitlines()[0]}"}
+            mutant = plans[group][0][unit - 1]
+            slot_run = build(slot, index)
+            target = slot_run / mutant.path
+            original = target.read_text()
+            target.write_text(apply_mutant(original, mutant))
+            try:
+                return _outcome(mutant_runner(slot_run, mine))
+            except RebaseError:  # pytest could not even report: the tree does not import
+                return "killed"
+            finally:
+                target.write_text(original)
+
+        scores = []
+
+        def report(group, results):
+            index, (mutants, invalid) = chosen[group], plans[group]
+            result = MutantScore(patches[index].name, invalid=invalid)
+            result.seconds = round(sum(r[1] for r in results if r is not None), 1)
+            baseline, results = results[0][0], [None] + [r[0] for r in results[1:] if r is not None]
+            result.skipped_tests = sum(1 for v in baseline.values() if v == "skipped")
+            if _outcome(baseline) != "survived":
+                result.note = _baseline_note(baseline)
+                log(f"mutants: {index + 1:04d} {result.name}: skipped, {result.note}")
+                scores.append(result)
+                return
+            if not mutants:
+                result.note = "no mutants: its added lines give none that compile"
+            elif result.skipped_tests:
+                result.note = f"{result.skipped_tests} of its Tests: skip here (GPU-only): not counted as kills"
+            for mutant, outcome in zip(mutants, results[1:]):
                 if outcome == "killed":
                     result.killed += 1
                 elif outcome == "not run":
@@ -117,18 +190,22 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None) -> lis
                     result.survivors.append(
                         f"{mutant.path}:{mutant.line}: {mutant.original.strip()} -> "
                         f"{mutant.mutated.strip()} ({mutant.operator}) [{mutant.id}]")
-            log(f"mutants: {index + 1:04d} {patch.name}: {result.killed} killed, "
+            log(f"mutants: {index + 1:04d} {result.name}: {result.killed} killed, "
                 f"{len(result.survivors)} survived, {len(result.equivalent)} equivalent")
             scores.append(result)
+
+        run_groups([1 + len(mutants) for mutants, _ in plans], timed, jobs,
+                   go_on=lambda baseline: _outcome(baseline[0]) == "survived", on_group=report)
     return scores
 
 
 def table(scores: list) -> str:
     rows = ["| patch | killed | survived | equivalent | not run | score |", "|---|---|---|---|---|---|"]
     for s in scores:
+        shown = "n/a" if s.score is None else f"{s.score:.0%}"
         rows.append(f"| {s.name} | {s.killed} | {len(s.survivors)} | {len(s.equivalent)} | "
-                    f"{s.not_run} | {s.score:.0%} |" + (f" {s.note}" if s.note else "")
-                    + (f" ({s.invalid} mutants did not compile)" if s.invalid else ""))
+                    f"{s.not_run} | {shown} |" + (f" {s.note}" if s.note else "")
+                    + (f" ({s.invalid} mutants drawn did not compile: others ran instead)" if s.invalid else ""))
     lines = [f"  survivor of {s.name}: {line}" for s in scores for line in s.survivors]
     return "\n".join(rows + lines) + "\n"
 
