@@ -458,3 +458,33 @@ def test_apply_and_export_refuse_while_a_bump_is_stopped(tmp_path, cache):
     assert (fork.work / B).read_text() == conflicted, "the half-resolved work must stay as it was"
     bump_abort(fork.layout, log=quiet)
     apply(fork.layout, log=quiet)  # allowed again once the bump is over
+
+
+def test_skipped_tests_next_to_passing_ones_do_not_stop_the_bump(tmp_path, cache):
+    # A resolved patch's GPU-only tests skip on a CPU machine: the bump finishes on the ones that
+    # ran, and the report still shows the skipped one.
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    gpu = "tests/test_dummy.py::test_on_gpu"
+    data = bump_continue(fork.layout, log=quiet,
+                         test_runner=lambda l, n, ids: {**{i: "passed" for i in ids}, gpu: "skipped"})
+    row = next(r for r in data["mapping"] if r["new"] and r["new"][0]["subject"] == "tweak-beta")
+    assert row["tests"][gpu] == "skipped"
+
+
+def test_a_patch_whose_tests_all_skip_stops_as_could_not_run(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    old_pin = fork.layout.pin.read_bytes()
+    with pytest.raises(Stopped, match=r"could not run \(the environment.*\n  tweak-beta: every "
+                                      r"Tests: id was skipped"):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "skipped" for i in ids})
+    assert fork.layout.pin.read_bytes() == old_pin  # nothing finalized
+    data = bump_continue(fork.layout, log=quiet, run_tests=False, test_runner=no_runner)
+    assert data["new"]["count"] == 3
