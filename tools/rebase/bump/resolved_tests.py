@@ -71,14 +71,16 @@ class ResolvedTests:
             self._save()
             raise Stopped("bump stopped: the tests of patches whose conflicts were resolved could not run "
                           "(the environment, not the patch):\n  " + "\n  ".join(failures)
-                          + "\nFix the environment and `bump --continue`, or `bump --continue --no-tests` to "
+                          + f"\nFix the environment and `bump{self.layout.line_flag} --continue`, or "
+                            "`bump --continue --no-tests` to "
                             "accept the resolution unverified; `bump --abort` restores everything.")
         if failures:
             j.phase = "tests-failed"
             self._save()
             raise Stopped("bump stopped: tests of patches whose conflicts were resolved fail:\n  "
                           + "\n  ".join(failures)
-                          + f"\nFix the patch in {work} (amend its commit), then `bump --continue`; "
+                          + f"\nFix the patch in {work} (amend its commit), then "
+                            f"`bump{self.layout.line_flag} --continue`; "
                             "`bump --continue --no-tests` accepts as is; `bump --abort` restores everything.")
         j.phase = "finishing"
         self._save()
