@@ -488,3 +488,23 @@ def test_a_patch_whose_tests_all_skip_stops_as_could_not_run(tmp_path, cache):
     assert fork.layout.pin.read_bytes() == old_pin  # nothing finalized
     data = bump_continue(fork.layout, log=quiet, run_tests=False, test_runner=no_runner)
     assert data["new"]["count"] == 3
+
+
+def test_tests_of_resolved_patches_see_the_new_bases_pin(tmp_path, cache):
+    # The checkout's pin is still the old base while the bump tests: the pristine-upstream oracle
+    # of the tests must compare against the new one, which the bump names in the environment.
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    old_pin = fork.layout.pin.read_text()
+    seen = []
+
+    def runner(layout, name, ids):
+        seen.append(Path(os.environ["FORK_REBASE_TESTED_PIN"]).read_text())
+        return {i: "passed" for i in ids}
+
+    bump_continue(fork.layout, log=quiet, test_runner=runner)
+    assert seen and seen[0] != old_pin and seen[0] == fork.layout.pin.read_text()
+    assert "FORK_REBASE_TESTED_PIN" not in os.environ
