@@ -508,3 +508,32 @@ def test_tests_of_resolved_patches_see_the_new_bases_pin(tmp_path, cache):
     bump_continue(fork.layout, log=quiet, test_runner=runner)
     assert seen and seen[0] != old_pin and seen[0] == fork.layout.pin.read_text()
     assert "FORK_REBASE_TESTED_PIN" not in os.environ
+
+
+def test_edits_of_cleanly_merged_files_at_a_stop_replay_on_a_fresh_clone(tmp_path, cache, monkeypatch):
+    # rerere keeps only the conflicting hunks; an edit the resolution needed in a file that merged
+    # cleanly next to the conflict (upstream main defining a field twice) must replay as well.
+    stack = [(n, dict(c)) for n, c in STACK]
+    tweak = next(c for n, c in stack if n == "tweak-beta")
+    tweak[D] = replace_line("delta line 30\n", "delta line 30 fork\n")
+    fork = make_fork(tmp_path)
+    fork.stack(stack)
+    upstream_v2(fork, conflict=True)
+    before_pin, before_patches = fork.layout.pin.read_bytes(), fork.patch_files()
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    delta = fork.work / D
+    delta.write_text(delta.read_text().replace("delta line 30 fork\n", "delta line 30 fork, fitted to v2\n"))
+    sh("git", "add", D, cwd=fork.work)
+    bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    after = fork.patch_files()
+    assert any("fitted to v2" in text.decode() for text in after.values())
+    clone = make_fork(tmp_path, name="clone")
+    clone.layout.pin.write_bytes(before_pin)
+    for name, data in before_patches.items():
+        (clone.layout.patches / name).write_bytes(data)
+    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    assert clone.patch_files() == after
+    assert check(clone.layout, log=quiet) == []

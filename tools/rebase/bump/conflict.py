@@ -31,6 +31,11 @@ class ConflictStop:
         work = self.work
         commit = j.commits[idx]
         unmerged = _unmerged(work)
+        # Recorded edits of files that merged cleanly next to the conflict (resolutions.py).
+        edited = rr.apply_merge_edits(
+            work, set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
+        if edited:
+            self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
         if not unmerged and not _marker_files(work):
             # Nothing left to merge: rerere resolved every conflict from a recorded resolution
             # (or the result is empty: already in the new base).
@@ -68,7 +73,8 @@ class ConflictStop:
         j.phase = "stopped"
         j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
                                 kind="conflict", analysis=analysis,
-                                findings=[f.to_json() for f in findings])
+                                findings=[f.to_json() for f in findings],
+                                merged=rr.staged_blobs(work, merged))
         self._save()
         raise Stopped(self._conflict_summary())
 
