@@ -7,6 +7,11 @@ device at the CPU and keep the "CUDA" generator state in a separate CPU generato
 tracker neither fails nor disturbs the CPU stream. The pipeline schedules allocate their token
 counter with ``device="cuda"``; in that module alone such tensors are made on the CPU. Nothing here is
 installed when CUDA is present.
+
+Where the bases differ (upstream ``main``), two more corners: ``is_inference_column_parallel_linear``
+(called when an MTP layer is built) tests ``isinstance`` against Transformer Engine classes, which are
+not types without Transformer Engine; and upstream's own mHC layer opens ``torch.cuda.nvtx`` ranges,
+which raise without CUDA. Both get no-op stand-ins, only when the name exists.
 """
 
 import torch
@@ -58,8 +63,63 @@ def install() -> bool:
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _ScheduleTorch()
+    _install_without_te_inference_linear_check()
+    _install_nvtx_stand_in()
     _installed = True
     return True
+
+
+def _install_without_te_inference_linear_check() -> None:
+    try:
+        from megatron.core.tensor_parallel import inference_layers
+    except ImportError:
+        return
+    if not hasattr(inference_layers, "is_inference_column_parallel_linear"):
+        return  # a base without it (megatron-core 0.19)
+    names = ("InferenceColumnParallelLinear", "InferenceLayerNormColumnParallelLinear")
+    kinds = tuple(k for k in (getattr(inference_layers, n, None) for n in names) if isinstance(k, type))
+    if len(kinds) == len(names):
+        return  # Transformer Engine present: the real check works
+
+    def is_inference_column_parallel_linear(module) -> bool:
+        return bool(kinds) and isinstance(module, kinds)
+
+    inference_layers.is_inference_column_parallel_linear = is_inference_column_parallel_linear
+    from megatron.core.transformer import multi_token_prediction
+
+    if hasattr(multi_token_prediction, "is_inference_column_parallel_linear"):
+        multi_token_prediction.is_inference_column_parallel_linear = is_inference_column_parallel_linear
+
+
+class _NoNvtx:
+    """``torch.cuda.nvtx`` without CUDA: ranges and marks that record nothing."""
+
+    @staticmethod
+    def range_push(*_args, **_kwargs):
+        return 0
+
+    @staticmethod
+    def range_pop(*_args, **_kwargs):
+        return 0
+
+    @staticmethod
+    def mark(*_args, **_kwargs):
+        return None
+
+    @staticmethod
+    def range(*_args, **_kwargs):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def _install_nvtx_stand_in() -> None:
+    try:
+        from megatron.core.transformer import hyper_connection
+    except ImportError:
+        return
+    if hasattr(hyper_connection, "HyperConnectionModule"):  # upstream's mHC (main) opens ranges
+        torch.cuda.nvtx = _NoNvtx()
 
 
 def device() -> torch.device:

@@ -32,7 +32,9 @@ def extract_pristine(dest: Path) -> Path:
     from tools.rebase.stack.pin import load_pin
     from tools.rebase.stack.source import _extract_sdist, fetch_git_commit, fetch_verified_sdist
 
-    pin = load_pin(ROOT / "upstream.toml")
+    # The pin of the stack under test: a bump names its new base here while it tests (the
+    # checkout's upstream.toml is still the old one, a line's lives in lines/NAME/).
+    pin = load_pin(Path(os.environ.get("FORK_REBASE_TESTED_PIN") or ROOT / "upstream.toml"))
     if pin.kind == "pypi":
         top, _ = _extract_sdist(fetch_verified_sdist(_cache_dir(), pin), dest)
         return top

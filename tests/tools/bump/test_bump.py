@@ -458,3 +458,82 @@ def test_apply_and_export_refuse_while_a_bump_is_stopped(tmp_path, cache):
     assert (fork.work / B).read_text() == conflicted, "the half-resolved work must stay as it was"
     bump_abort(fork.layout, log=quiet)
     apply(fork.layout, log=quiet)  # allowed again once the bump is over
+
+
+def test_skipped_tests_next_to_passing_ones_do_not_stop_the_bump(tmp_path, cache):
+    # A resolved patch's GPU-only tests skip on a CPU machine: the bump finishes on the ones that
+    # ran, and the report still shows the skipped one.
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    gpu = "tests/test_dummy.py::test_on_gpu"
+    data = bump_continue(fork.layout, log=quiet,
+                         test_runner=lambda l, n, ids: {**{i: "passed" for i in ids}, gpu: "skipped"})
+    row = next(r for r in data["mapping"] if r["new"] and r["new"][0]["subject"] == "tweak-beta")
+    assert row["tests"][gpu] == "skipped"
+
+
+def test_a_patch_whose_tests_all_skip_stops_as_could_not_run(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    old_pin = fork.layout.pin.read_bytes()
+    with pytest.raises(Stopped, match=r"could not run \(the environment.*\n  tweak-beta: every "
+                                      r"Tests: id was skipped"):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "skipped" for i in ids})
+    assert fork.layout.pin.read_bytes() == old_pin  # nothing finalized
+    data = bump_continue(fork.layout, log=quiet, run_tests=False, test_runner=no_runner)
+    assert data["new"]["count"] == 3
+
+
+def test_tests_of_resolved_patches_see_the_new_bases_pin(tmp_path, cache):
+    # The checkout's pin is still the old base while the bump tests: the pristine-upstream oracle
+    # of the tests must compare against the new one, which the bump names in the environment.
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    old_pin = fork.layout.pin.read_text()
+    seen = []
+
+    def runner(layout, name, ids):
+        seen.append(Path(os.environ["FORK_REBASE_TESTED_PIN"]).read_text())
+        return {i: "passed" for i in ids}
+
+    bump_continue(fork.layout, log=quiet, test_runner=runner)
+    assert seen and seen[0] != old_pin and seen[0] == fork.layout.pin.read_text()
+    assert "FORK_REBASE_TESTED_PIN" not in os.environ
+
+
+def test_edits_of_cleanly_merged_files_at_a_stop_replay_on_a_fresh_clone(tmp_path, cache, monkeypatch):
+    # rerere keeps only the conflicting hunks; an edit the resolution needed in a file that merged
+    # cleanly next to the conflict (upstream main defining a field twice) must replay as well.
+    stack = [(n, dict(c)) for n, c in STACK]
+    tweak = next(c for n, c in stack if n == "tweak-beta")
+    tweak[D] = replace_line("delta line 30\n", "delta line 30 fork\n")
+    fork = make_fork(tmp_path)
+    fork.stack(stack)
+    upstream_v2(fork, conflict=True)
+    before_pin, before_patches = fork.layout.pin.read_bytes(), fork.patch_files()
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    delta = fork.work / D
+    delta.write_text(delta.read_text().replace("delta line 30 fork\n", "delta line 30 fork, fitted to v2\n"))
+    sh("git", "add", D, cwd=fork.work)
+    bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    after = fork.patch_files()
+    assert any("fitted to v2" in text.decode() for text in after.values())
+    clone = make_fork(tmp_path, name="clone")
+    clone.layout.pin.write_bytes(before_pin)
+    for name, data in before_patches.items():
+        (clone.layout.patches / name).write_bytes(data)
+    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    assert clone.patch_files() == after
+    assert check(clone.layout, log=quiet) == []

@@ -125,3 +125,16 @@ def test_continued_bump_still_names_the_lending_line(tmp_path, cache):
     assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
     assert sorted(p.name for p in fork.layout.resolutions.iterdir()) == ["keep-alpha", "tweak-beta"]
     assert fork.patch_files() == line.patch_files()
+
+
+def test_a_stop_on_a_line_tells_how_to_continue_that_line(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "upstream: rewrite beta 5")
+    sh("git", "tag", "v2", cwd=fork.upstream)
+    line = add_line(fork, "ahead")
+    shutil.rmtree(line.layout.patches)
+    shutil.copytree(fork.layout.patches, line.layout.patches)
+    with pytest.raises(Stopped) as stop:
+        bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+    assert "`python -m tools.rebase bump --line ahead --continue`" in str(stop.value)

@@ -56,6 +56,27 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 ALL_SHAPES = list(itertools.product(LAYOUTS, HEAD_NUMS, K_DIMS, V_DIMS))
 
+# Upstream main renamed the four kernels (e4ba3a30, "Explicit safe MLA RoPE primitives") and gave
+# them position ids, cos/sin strides and layout switches; the tests launch either set.
+UPSTREAM_MAIN_KERNELS = hasattr(fused_rope, "_mla_rope_fwd_inplace_kernel")
+KERNEL_NAMES = dict(
+    zip(
+        ("q_fwd", "q_bwd", "kv_fwd", "kv_bwd"),
+        (
+            "_mla_rope_fwd_inplace_kernel",
+            "_mla_rope_bwd_inplace_kernel",
+            "_mla_rope_fwd_kv_split_kernel",
+            "_mla_rope_bwd_kv_split_kernel",
+        )
+        if UPSTREAM_MAIN_KERNELS
+        else ("rotary_fwd_q_kernel", "rotary_bwd_q_kernel", "rotary_fwd_kv_kernel", "rotary_bwd_kv_kernel"),
+    )
+)
+
+
+def _kernel(module, role):
+    return getattr(module, KERNEL_NAMES[role])
+
 
 # --------------------------------------------------------------------------------------------
 # Pure-PyTorch reference
@@ -136,12 +157,23 @@ def _assert_guard_intact(buf, shape, what):
 
 
 def _launch_q(kernels, backward, x, cos, sin, qk_dim, heads, lay, block_h):
-    kernel = kernels.rotary_bwd_q_kernel if backward else kernels.rotary_fwd_q_kernel
+    kernel = _kernel(kernels, "q_bwd" if backward else "q_fwd")
     grid = (lay.total, triton.cdiv(heads, block_h))
+    if UPSTREAM_MAIN_KERNELS:  # + position ids (none), cos/sin strides, the two layout switches
+        kernel.fn[grid](
+            x, cos, sin, qk_dim, EMB_DIM, heads, lay.batch_size, lay.seq_num, lay.cu_seqlens, None,
+            x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), 0, 1, INVERSE=False,
+            REMOVE_INTERLEAVING=False, BLOCK_H=block_h,
+        )  # fmt: skip
+        return
     kernel.fn[grid](
         x, cos, sin, qk_dim, EMB_DIM, heads, lay.batch_size, lay.seq_num, lay.cu_seqlens,
         x.stride(0), x.stride(1), 0, 1, BLOCK_H=block_h,
     )  # fmt: skip
+
+
+def _kv_layout_switch():
+    return {"REMOVE_INTERLEAVING": False} if UPSTREAM_MAIN_KERNELS else {}
 
 
 def _ceil(n):
@@ -158,14 +190,14 @@ def _check_q_kernels(kernels, device, layout, heads, qk_dim, block_h):
     buf, view = _guarded(shape, device, q)
     _launch_q(kernels, False, view, cos, sin, qk_dim, heads, lay, block_h)
     torch.testing.assert_close(view, _q_ref(q, cos, sin, lay.positions, qk_dim), **TOL)
-    _assert_guard_intact(buf, shape, "rotary_fwd_q_kernel Q")
+    _assert_guard_intact(buf, shape, f"{KERNEL_NAMES['q_fwd']} Q")
 
     grad = torch.randn(shape, device=device)
     buf, view = _guarded(shape, device, grad)
     _launch_q(kernels, True, view, cos, sin, qk_dim, heads, lay, block_h)
     (expected,) = _vjp(lambda x: _q_ref(x, cos, sin, lay.positions, qk_dim), [q], [grad])
     torch.testing.assert_close(view, expected, **TOL)
-    _assert_guard_intact(buf, shape, "rotary_bwd_q_kernel DO")
+    _assert_guard_intact(buf, shape, f"{KERNEL_NAMES['q_bwd']} DO")
 
 
 def _check_kv_kernels(kernels, device, layout, heads, k_dim, v_dim, block_h):
@@ -182,11 +214,11 @@ def _check_kv_kernels(kernels, device, layout, heads, k_dim, v_dim, block_h):
     _, emb_in = _guarded((t, 1, EMB_DIM), device, k_pos_emb[:, None, :])
     key_buf, key = _guarded(key_shape, device)
     value_buf, value = _guarded(value_shape, device)
-    kernels.rotary_fwd_kv_kernel.fn[grid](
+    _kernel(kernels, "kv_fwd").fn[grid](
         kv_in, emb_in, key, value, cos, sin, EMB_DIM, k_dim, v_dim, _ceil(k_dim), _ceil(v_dim),
         heads, lay.batch_size, lay.seq_num, lay.cu_seqlens, kv_in.stride(0), kv_in.stride(1),
         emb_in.stride(0), key.stride(0), key.stride(1), value.stride(0), value.stride(1), 0, 1,
-        BLOCK_H=block_h,
+        BLOCK_H=block_h, **_kv_layout_switch(),
     )  # fmt: skip
     ref_key, ref_value = _kv_ref(kv, k_pos_emb, cos, sin, lay.positions, k_dim)
     torch.testing.assert_close(key, ref_key, **TOL)
@@ -199,11 +231,11 @@ def _check_kv_kernels(kernels, device, layout, heads, k_dim, v_dim, block_h):
     _, dv_in = _guarded(value_shape, device, d_value)
     dkv_buf, dkv = _guarded(kv.shape, device)
     demb_buf, demb = _guarded((t, 1, EMB_DIM), device)
-    kernels.rotary_bwd_kv_kernel.fn[grid](
+    _kernel(kernels, "kv_bwd").fn[grid](
         dk_in, dv_in, dkv, demb, cos, sin, EMB_DIM, k_dim, v_dim, _ceil(k_dim), _ceil(v_dim),
         heads, lay.batch_size, lay.seq_num, lay.cu_seqlens, dk_in.stride(0), dk_in.stride(1),
         dv_in.stride(0), dv_in.stride(1), dkv.stride(0), dkv.stride(1), demb.stride(0), 0, 1,
-        BLOCK_H=block_h,
+        BLOCK_H=block_h, **_kv_layout_switch(),
     )  # fmt: skip
     ref_dkv, ref_demb = _vjp(
         lambda a, b: _kv_ref(a, b, cos, sin, lay.positions, k_dim), [kv, k_pos_emb], [d_key, d_value]
@@ -275,12 +307,7 @@ def test_interpreter_suite_in_subprocess():
 @contextlib.contextmanager
 def _fixed_block_h(module, block_h):
     """Give every autotuner of the kernel module one config, so it launches without timing."""
-    tuners = [
-        module.rotary_fwd_q_kernel,
-        module.rotary_bwd_q_kernel,
-        module.rotary_fwd_kv_kernel,
-        module.rotary_bwd_kv_kernel,
-    ]
+    tuners = [_kernel(module, role) for role in KERNEL_NAMES]
     saved = [tuner.configs for tuner in tuners]
     for tuner in tuners:
         tuner.configs = [triton.Config({"BLOCK_H": block_h})]
@@ -303,8 +330,7 @@ class TestMLAYarnRopeKernelsInterpreter:
         from triton.runtime.interpreter import InterpretedFunction
 
         assert fused_rope.HAVE_TRITON
-        for name in ("rotary_fwd_q_kernel", "rotary_bwd_q_kernel", "rotary_fwd_kv_kernel",
-                     "rotary_bwd_kv_kernel"):  # fmt: skip
+        for name in KERNEL_NAMES.values():
             assert isinstance(getattr(interpreted, name).fn, InterpretedFunction), name
 
     @pytest.mark.parametrize("block_h", BLOCK_HS)

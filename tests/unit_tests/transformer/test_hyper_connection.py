@@ -14,6 +14,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_mtp_block_spec,
 )
+from megatron.core.transformer import hyper_connection
 from megatron.core.transformer.hyper_connection import (
     HyperConnection,
     HyperConnectionHead,
@@ -47,6 +48,20 @@ def mhc_config(**overrides):
     )
     values.update(overrides)
     return tiny_moe_mtp_config(**values)
+
+
+# Upstream main has its own mHC (HyperConnectionModule): the fork's layer is one of two there, so
+# its checks run when a plain TransformerLayer builds it, not in the config, and the mHC options
+# upstream's layer supports (mhc_recompute_layer_num) are no config error.
+UPSTREAM_HAS_MHC = hasattr(hyper_connection, "HyperConnectionModule")
+
+
+def build_mhc_block(**overrides):
+    """Config and a block of the fork's mHC layer (plain local spec): where the fork's checks
+    run on either base."""
+    cfg = mhc_config(**overrides)
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+    return TransformerBlock(cfg, spec)
 
 
 def mhc_mtp_config(**overrides):
@@ -126,9 +141,10 @@ class TestHyperConnectionPieces:
     def test_mhc_recompute_layer_num_is_a_clear_error(self):
         # the block size of the selective "mhc" recompute: refused while that recompute is off
         with pytest.raises(ValueError, match="mhc_recompute_layer_num=2: .*selective 'mhc'"):
-            mhc_config(mhc_recompute_layer_num=2)
-        with pytest.raises(ValueError, match="mhc_recompute_layer_num=1"):
-            tiny_moe_mtp_config(mhc_recompute_layer_num=1)  # even with mHC off
+            build_mhc_block(mhc_recompute_layer_num=2)
+        if not UPSTREAM_HAS_MHC:  # on main it is upstream's own field, valid with mHC off
+            with pytest.raises(ValueError, match="mhc_recompute_layer_num=1"):
+                tiny_moe_mtp_config(mhc_recompute_layer_num=1)  # even with mHC off
 
     def test_pre_post_weights_in_range_and_res_doubly_stochastic(self):
         cfg = mhc_config(mhc_num_residual_streams=4, mhc_init_gating_factor=1.0)
@@ -409,8 +425,11 @@ class TestLayerOptionsUnderMHC:
         ],
     )
     def test_bypassed_config_options_are_refused(self, field, value, extra):
-        with pytest.raises(ValueError, match=f"enable_mhc_connections does not support {field}"):
-            mhc_config(**{field: value}, **extra)
+        # upstream main refuses fp32_residual_connection in its config, in its own words
+        said = "(does not support|is not compatible with)"
+        refused = (ValueError, NotImplementedError)
+        with pytest.raises(refused, match=f"enable_mhc_connections {said} {field}"):
+            build_mhc_block(**{field: value}, **extra)
 
     @pytest.mark.parametrize(
         "field, value",
@@ -434,7 +453,7 @@ class TestLayerOptionsUnderMHC:
 
     def test_selective_recompute_of_layer_norms_is_refused(self):
         with pytest.raises(ValueError, match=r"selective recompute of \['layernorm'\]"):
-            mhc_config(recompute_granularity="selective", recompute_modules=["layernorm"])
+            build_mhc_block(recompute_granularity="selective", recompute_modules=["layernorm"])
 
     @pytest.mark.parametrize("field", ["self_attn_bda", "mlp_bda"])
     def test_non_standard_bias_dropout_add_is_refused(self, field):

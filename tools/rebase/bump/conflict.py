@@ -14,9 +14,9 @@ from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git
 
 
-def _resolve_hint(work):
+def _resolve_hint(work, line_flag=""):
     return [f"Resolve in {work} (edit the files, then `git -C {work} add <files>`; do not commit),",
-            "then run `python -m tools.rebase bump --continue`. `bump --continue --drop` removes this",
+            f"then run `python -m tools.rebase bump{line_flag} --continue`. `bump --continue --drop` removes this",
             "patch on purpose; `bump --abort` restores the pin, patches/, report and work repo."]
 
 
@@ -31,6 +31,11 @@ class ConflictStop:
         work = self.work
         commit = j.commits[idx]
         unmerged = _unmerged(work)
+        # Recorded edits of files that merged cleanly next to the conflict (resolutions.py).
+        edited = rr.apply_merge_edits(
+            work, set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
+        if edited:
+            self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
         if not unmerged and not _marker_files(work):
             # Nothing left to merge: rerere resolved every conflict from a recorded resolution
             # (or the result is empty: already in the new base).
@@ -68,7 +73,8 @@ class ConflictStop:
         j.phase = "stopped"
         j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
                                 kind="conflict", analysis=analysis,
-                                findings=[f.to_json() for f in findings])
+                                findings=[f.to_json() for f in findings],
+                                merged=rr.staged_blobs(work, merged))
         self._save()
         raise Stopped(self._conflict_summary())
 
@@ -105,7 +111,7 @@ class ConflictStop:
                 f"result breaks Python files (post-merge lint):",
                 *[f"  {f['message']}" for f in s.findings],
                 f"The merged result is staged in {self.work}: fix the files, `git -C {self.work} add` them "
-                f"(do not commit), then run `python -m tools.rebase bump --continue`; `bump --continue "
+                f"(do not commit), then run `python -m tools.rebase bump{self.layout.line_flag} --continue`; `bump --continue "
                 f"--drop` removes this patch on purpose; `bump --abort` restores everything."])
         if s.analysis:
             stack = {sha: f"{n}" for sha, n, _ in _describe(self.work, j.new_base, j.tip)} \
@@ -121,7 +127,7 @@ class ConflictStop:
                   and not (s.analysis["causes"] or s.analysis["also"]) else []),
                 *(["files that merged cleanly but break the post-merge lint:"]
                   + [f"  {f['message']}" for f in s.findings] if s.findings else []),
-                *_resolve_hint(self.work)])
+                *_resolve_hint(self.work, self.layout.line_flag)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "
             f"conflicts with {_base_label(new_pin)} in:",
@@ -136,4 +142,4 @@ class ConflictStop:
             lines += [f"  {u['file']} (+{u['added']}/-{u['removed']})" for u in s.upstream]
         else:
             lines.append("(no upstream commit between the bases touches these files)")
-        return "\n".join(lines + _resolve_hint(self.work))
+        return "\n".join(lines + _resolve_hint(self.work, self.layout.line_flag))

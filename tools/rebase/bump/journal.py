@@ -135,6 +135,7 @@ class StopInfo:
     kind: str = "conflict"
     analysis: dict | None = None
     findings: list = field(default_factory=list)
+    merged: dict = field(default_factory=dict)  # path -> blob git merged it to without a conflict
 
     def validate(self, where: str) -> None:
         _check(isinstance(self.index, int) and self.index >= 0, f"{where}.index is not a patch index")
@@ -145,6 +146,9 @@ class StopInfo:
             _check_analysis(self.analysis, f"{where}.analysis")
         _check(_is_dict_list(self.findings) and all(isinstance(f.get("message"), str) for f in self.findings),
                f"{where}.findings must be a list of lint findings (objects with a message)")
+        _check(isinstance(self.merged, dict) and all(isinstance(p, str) and _is_sha(b)
+                                                     for p, b in self.merged.items()),
+               f"{where}.merged must map paths to blob ids")
         _check(self.kind != "lint" or (self.findings and self.analysis is None),
                f"{where}: a lint stop carries its findings and no conflict analysis")
 

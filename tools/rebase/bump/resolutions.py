@@ -141,6 +141,72 @@ def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> l
     return missing
 
 
+# ---------------------------------------------------------------- edits of cleanly merged files
+#
+# rerere replays only the hunks that conflicted. A stop's resolution can also need edits in files
+# that merged without a conflict (upstream added the same field elsewhere: a clean merge defines it
+# twice). Those are kept in the same shape, ``<Patch-Name>/<id>/preimage`` and ``postimage``, with
+# the id the git blob id of the merged file: a replay that merges the file to exactly that blob
+# gets the postimage (a preimage is byte-compared first). rerere never looks such an id up.
+
+
+def staged_blobs(work: Path, paths) -> dict:
+    """``{path: blob id}`` of the stage-0 index entries of ``paths`` (a deleted path has none)."""
+    paths = list(paths)
+    if not paths:
+        return {}
+    out = git("ls-files", "-s", "-z", "--", *paths, cwd=work, binary=True)
+    blobs = {}
+    for record in out.split(b"\0"):
+        if not record:
+            continue
+        meta, _, path = record.partition(b"\t")
+        _mode, blob, stage = meta.decode().split()
+        if stage == "0":
+            blobs[path.decode()] = blob
+    return blobs
+
+
+def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, commit: str) -> list:
+    """Store how the maintainer changed files git had merged cleanly at the stop (``merged``:
+    path -> merged blob) in ``commit``; return the ids written."""
+    _refuse_links(store)
+    written = []
+    for path, blob in sorted(merged.items()):
+        after = git_proc("rev-parse", "--verify", "-q", f"{commit}:{path}", cwd=work).stdout.strip()
+        if not after or after == blob:
+            continue  # deleted (not representable) or left as merged
+        _check_entry(patch_name, blob, f"merge edit of {patch_name!r}")
+        target = store / patch_name / blob
+        target.mkdir(parents=True, exist_ok=True)
+        for dest, source in ((target / "preimage", blob), (target / "postimage", after)):
+            data = git("cat-file", "blob", source, cwd=work, binary=True)
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.write_bytes(data)
+        written.append(blob)
+    return written
+
+
+def apply_merge_edits(work: Path, paths) -> list:
+    """Give every staged file among ``paths`` whose merged blob has a recorded edit (imported into
+    the rr-cache) its postimage, staged; return the paths changed."""
+    changed = []
+    for path, blob in sorted(staged_blobs(work, paths).items()):
+        entry = rr_cache(work) / blob
+        pre, post = entry / "preimage", entry / "postimage"
+        if not (pre.is_file() and post.is_file()) or pre.is_symlink() or post.is_symlink():
+            continue
+        if pre.read_bytes() != git("cat-file", "blob", blob, cwd=work, binary=True):
+            continue
+        target = work / path
+        if target.is_symlink():
+            raise RebaseError(f"{target}: a recorded merge edit must not write through a link")
+        target.write_bytes(post.read_bytes())
+        git("add", "--", path, cwd=work)
+        changed.append(path)
+    return changed
+
+
 def prune(store: Path, keep_names) -> None:
     """Drop the resolutions of patches that are no longer in the series."""
     _refuse_links(store)  # a link would make this delete folders outside the checkout

@@ -33,6 +33,7 @@ class ContinuePhase:
                 self._lint_gate(idx, j.tip, head, undo=False)
                 new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
                 self._export_resolutions(name, s.rerere_ids)
+                rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
                 return
             raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j.tip[:12]} with the "
@@ -54,6 +55,7 @@ class ContinuePhase:
             self.hook("after-pick", index=idx)
             self._lint_gate(idx, j.tip, new, undo=True)
             self._export_resolutions(name, s.rerere_ids)
+            rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
             _reset_to(work, j.tip)
