@@ -178,18 +178,25 @@ def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache, monkeypat
     assert "recorded resolution" in row["note"]
 
 
-def test_failing_tests_after_replayed_resolution_stop_the_bump(tmp_path, cache):
+def stops_on_its_tests_then_finishes_without_them(tmp_path, resolution, outcome, match):
+    """A conflict resolved with ``resolution`` whose Tests: all come back ``outcome``: the bump
+    stops with ``match`` and finalizes nothing; continued with run_tests=False it finishes."""
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
     bump_stops(fork)
-    resolve_beta(fork, "beta line 5 broken")
+    resolve_beta(fork, resolution)
     old_pin = fork.layout.pin.read_bytes()
-    with pytest.raises(Stopped, match="tweak-beta: tests/test_dummy.py::test_ok: failed"):
-        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    with pytest.raises(Stopped, match=match):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: outcome for i in ids})
     assert fork.layout.pin.read_bytes() == old_pin  # nothing finalized
     data = bump_continue(fork.layout, log=quiet, run_tests=False, test_runner=no_runner)
     assert data["new"]["count"] == 3
+
+
+def test_failing_tests_after_replayed_resolution_stop_the_bump(tmp_path, cache):
+    stops_on_its_tests_then_finishes_without_them(
+        tmp_path, "beta line 5 broken", "failed", "tweak-beta: tests/test_dummy.py::test_ok: failed")
 
 
 def test_abort_restores_everything_exactly(tmp_path, cache):
@@ -476,18 +483,9 @@ def test_skipped_tests_next_to_passing_ones_do_not_stop_the_bump(tmp_path, cache
 
 
 def test_a_patch_whose_tests_all_skip_stops_as_could_not_run(tmp_path, cache):
-    fork = make_fork(tmp_path)
-    fork.stack(STACK)
-    upstream_v2(fork, conflict=True)
-    bump_stops(fork)
-    resolve_beta(fork, "beta line 5 both")
-    old_pin = fork.layout.pin.read_bytes()
-    with pytest.raises(Stopped, match=r"could not run \(the environment.*\n  tweak-beta: every "
-                                      r"Tests: id was skipped"):
-        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "skipped" for i in ids})
-    assert fork.layout.pin.read_bytes() == old_pin  # nothing finalized
-    data = bump_continue(fork.layout, log=quiet, run_tests=False, test_runner=no_runner)
-    assert data["new"]["count"] == 3
+    stops_on_its_tests_then_finishes_without_them(
+        tmp_path, "beta line 5 both", "skipped",
+        r"could not run \(the environment.*\n  tweak-beta: every Tests: id was skipped")
 
 
 def test_tests_of_resolved_patches_see_the_new_bases_pin(tmp_path, cache):
