@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
@@ -26,14 +26,14 @@ from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import load_stack
 from tools.rebase.stack.source import base_tag, import_base
 from tools.rebase.stack.stack import am_one
-from tools.rebase.stack.state import current_digest
 from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.parallel import CHILDREN, run_groups
+# The committed record lives in proof/record.py; its names stay importable from here.
+from tools.rebase.proof.record import (  # noqa: F401
+    GPU_ONLY, PROOF_FILE, PROVEN, UNPROVEN, proof_path, read_record, stack_digest_now, write_record)
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
 
-PROOF_FILE = "proof.json"
-PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
 # What the run directory needs from the checkout besides the scratch megatron/.
 _RUN_COPIES = ("tests", "tools", "pytest.ini", "upstream.toml")
 _PLUGIN = "_fork_prove_report"  # tools/rebase/proof/prove_report.py, copied into the run directory
@@ -344,79 +344,3 @@ def table(proofs: list) -> str:
     for p in proofs:
         rows.append(f"| {p.name} | {p.tests} | {p.failed} | {p.verdict} | {p.note} |")
     return "\n".join(rows) + "\n"
-
-
-# ---------------------------------------------------------------- the committed record
-
-def proof_path(layout) -> Path:
-    return layout.patches / PROOF_FILE
-
-
-def stack_digest_now(layout) -> str:
-    _, patches = load_stack(layout)
-    return current_digest(layout, patches)
-
-
-def write_record(layout, proofs: list, proved_digest: str) -> Path:
-    """Write ``patches/proof.json`` for the whole current stack (atomic).
-
-    ``proved_digest`` is the stack the proofs were made on (read before ``prove`` ran): an edit,
-    apply or export during the run would otherwise get a record it was never proven for.
-    """
-    _, patches = load_stack(layout)
-    if [p.name for p in proofs] != [p.name for p in patches]:
-        raise RebaseError("--record needs a proof of every patch in the series (run prove without names)")
-    if current_digest(layout, patches) != proved_digest:
-        raise RebaseError(f"{layout.patches} or the pin changed while prove ran; nothing was recorded. "
-                          f"Run prove --record again.")
-    data = {
-        "stack_digest": proved_digest,
-        "patches": [asdict(p) for p in proofs],
-    }
-    path = proof_path(layout)
-    from tools.rebase.git.safefs import read_nofollow, write_file
-
-    try:  # keep the mutant scores (prove --mutants --record) next to the verdicts
-        kept = json.loads(read_nofollow(path)).get("mutants") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        kept = None
-    if kept is not None:
-        data["mutants"] = kept
-    write_file(layout.root, path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return path
-
-
-def _bad_entry(entry: dict):
-    """Why a record entry cannot be shown (its fields reach the README table), else None."""
-    if entry.get("verdict") not in (PROVEN, UNPROVEN, GPU_ONLY):
-        return f"verdict {entry.get('verdict')!r} is not one of {PROVEN}, {UNPROVEN}, {GPU_ONLY}"
-    for key in ("tests", "failed"):
-        value = entry.get(key)
-        if type(value) is not int or value < 0:
-            return f"{key} {value!r} is not a count"
-    return None
-
-
-def read_record(layout):
-    """``(verdicts by patch name, problem)``: verdicts only when the record matches this stack."""
-    path = proof_path(layout)
-    if not path.is_file():
-        return {}, None
-    where = layout.rel(path)
-    try:
-        data = json.loads(path.read_text())
-        digest = data["stack_digest"]
-        verdicts = {entry["name"]: entry for entry in data["patches"]}
-    except (ValueError, KeyError, TypeError) as exc:
-        return {}, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
-    for entry in data["patches"]:
-        bad = _bad_entry(entry)
-        if bad:
-            return {}, f"{where}: entry {entry.get('name')!r}: {bad}; run prove --record"
-    _, patches = load_stack(layout)
-    if digest != current_digest(layout, patches):
-        return {}, (f"{where}: recorded for another stack (digest {str(digest)[:12]}); "
-                    f"run python -m tools.rebase prove --record")
-    if set(verdicts) != {p.name for p in patches}:
-        return {}, f"{where}: does not cover exactly the patches of the series; run prove --record"
-    return verdicts, None
