@@ -58,8 +58,8 @@ def _cmd_list(args, lay):
 
 
 def _cmd_prove_mutants(args, lay):
-    from tools.rebase.proof.prove import stack_digest_now
     from tools.rebase.proof.prove_mutants import mutate, table, write_mutant_record
+    from tools.rebase.proof.record import stack_digest_now
 
     if args.mutants < 1:
         raise RebaseError(f"--mutants needs a count >= 1, got {args.mutants}")
@@ -81,7 +81,8 @@ def _cmd_prove_mutants(args, lay):
 
 
 def _cmd_prove(args, lay):
-    from tools.rebase.proof.prove import UNPROVEN, prove, stack_digest_now, table, write_record
+    from tools.rebase.proof.prove import prove, table
+    from tools.rebase.proof.record import UNPROVEN, stack_digest_now, write_record
 
     if args.mutants is not None:
         return _cmd_prove_mutants(args, lay)
