@@ -39,10 +39,8 @@ def interpreter_unusable_reason() -> Optional[str]:
 
 
 # For the parent test of an interpreter suite: not in the child, and only where it can run.
-interpreter_parent = pytest.mark.skipif(
-    INTERPRETING or interpreter_unusable_reason() is not None,
-    reason="this is the interpreter child" if INTERPRETING else str(interpreter_unusable_reason()),
-)
+_SKIP_PARENT_REASON = "this is the interpreter child" if INTERPRETING else interpreter_unusable_reason()
+interpreter_parent = pytest.mark.skipif(_SKIP_PARENT_REASON is not None, reason=str(_SKIP_PARENT_REASON))
 
 
 def assert_interpreter_suite_passes(test_file: str, class_name: str, timeout: int = 1800) -> None:
