@@ -65,7 +65,7 @@ def crafted_weight(rows, cols, group, dtype, device="cpu", seed=0):
             w[r, 0] = LEVEL * scale  # the absmax is exactly 7 * scale
         elif kind == 3 and dtype == torch.float32:  # one ulp either side of k + 0.5
             amax = torch.rand(1, generator=gen) * 0.9 + 0.05
-            scale = amax / LEVEL
+            scale = (amax.to(device) / LEVEL).cpu()  # the reference's scale on that device
             ties = steps * scale
             near = torch.stack([torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1), ties])
             vals = torch.cat([amax, near.flatten()])
@@ -116,7 +116,7 @@ def check_straight_through_uses_the_kernel(monkeypatch, device):
 
     monkeypatch.setattr(fused, "int4_quantize_dequantize_triton", counting)
     if device == "cpu":  # the dispatcher takes CUDA tensors only; the interpreter runs on CPU
-        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight: True)
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: True)
     weight = crafted_weight(9, 50, 16, torch.float32, device).requires_grad_()
     out = qat.int4_fake_quantize(weight, 16)
     assert calls == [weight.shape]
@@ -124,6 +124,16 @@ def check_straight_through_uses_the_kernel(monkeypatch, device):
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     assert torch.equal(weight.grad, grad_out)
+
+
+def reference_scaled_by_reciprocal(weight, group_size):
+    """The torch reference as CUDA torch evaluates it: ``amax / 7`` as ``amax * fl(1/7)``."""
+    rows, cols = weight.shape
+    w = torch.nn.functional.pad(weight.float(), (0, (-cols) % group_size)).reshape(rows, -1, group_size)
+    inverse = float(torch.tensor(1.0 / LEVEL, dtype=torch.float32))
+    scale = (w.abs().amax(dim=-1, keepdim=True) * inverse).clamp(min=qat.MIN_SCALE)
+    q = torch.round(w / scale).clamp(-LEVEL, LEVEL) * scale
+    return q.reshape(rows, -1)[:, :cols].to(weight.dtype).contiguous()
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,11 +146,11 @@ class TestDispatch:
 
         monkeypatch.setattr(fused, "int4_quantize_dequantize_triton", fail)
         w = crafted_weight(5, 40, 16, torch.bfloat16)
-        assert not fused.fused_kernel_applies(w)
+        assert not fused.fused_kernel_applies(w, LEVEL)
         assert_bit_identical(qat.int4_fake_quantize(w, 16), qat.int4_quantize_dequantize(w, 16))
 
     def test_bad_input_is_rejected_before_any_kernel(self, monkeypatch):
-        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight: True)
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: True)
         with pytest.raises(ValueError, match="2-D"):
             qat.int4_fake_quantize(torch.zeros(2, 3, 4), 16)
         with pytest.raises(ValueError, match="group size"):
@@ -151,6 +161,15 @@ class TestDispatch:
             kernel(torch.zeros(2, 3, dtype=torch.float64), 16)
         monkeypatch.setattr(fused, "HAVE_TRITON", False)
         with pytest.raises(RuntimeError, match="needs triton"):
+            kernel(torch.zeros(2, 3), 16)
+
+    def test_cpu_torch_divides_correctly_rounded(self):
+        # The reference's amax / 7 on CPU; the kernel follows whatever the device's torch does.
+        assert fused.torch_level_division("cpu", LEVEL) == "divide"
+
+    def test_unknown_division_is_refused(self, monkeypatch):
+        monkeypatch.setattr(fused, "torch_level_division", lambda device_type, max_level: None)
+        with pytest.raises(RuntimeError, match="cannot reproduce"):
             kernel(torch.zeros(2, 3), 16)
 
 
@@ -183,6 +202,15 @@ class TestInt4KernelInterpreter:
     def test_straight_through_gradient_through_the_kernel(self, monkeypatch):
         check_straight_through_uses_the_kernel(monkeypatch, "cpu")
 
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_reciprocal_scale_like_cuda_torch(self, monkeypatch, dtype):
+        monkeypatch.setattr(fused, "torch_level_division", lambda device_type, max_level: "reciprocal")
+        w = crafted_weight(10, 70, 32, dtype)
+        expected = reference_scaled_by_reciprocal(w, 32)
+        assert_bit_identical(kernel(w, 32), expected)
+        if dtype == torch.float32:  # the two scale roundings differ here (not always after bf16)
+            assert not torch.equal(expected, qat.int4_quantize_dequantize(w, 32))
+
 
 # --------------------------------------------------------------------------------------------
 # GPU
@@ -213,6 +241,9 @@ class TestInt4KernelOnGPU:
 
     def test_straight_through_gradient_through_the_kernel(self, monkeypatch):
         check_straight_through_uses_the_kernel(monkeypatch, "cuda")
+
+    def test_torch_division_rule_is_known(self):
+        assert fused.torch_level_division("cuda", LEVEL) in ("divide", "reciprocal")
 
 
 @pytest.mark.gpu
@@ -267,7 +298,7 @@ class TestInt4KernelInTEGroupedLinear:
             return out.detach(), xi.grad, [w.grad.clone() for w in stored]
 
         fused_out, fused_dx, fused_dw = step()
-        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight: False)
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: False)
         ref_out, ref_dx, ref_dw = step()
         assert_bit_identical(fused_out, ref_out)
         assert_bit_identical(fused_dx, ref_dx)
