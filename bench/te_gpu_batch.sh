@@ -64,7 +64,9 @@ for step in "$@"; do
       groups=${MUTANT_GROUPS:-all}; [ "$step" = prove ] && groups=all
       for group in $groups; do
         [ "$group" = all ] && group=
-        CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORK_REBASE_CACHE=$PWD/.upstream/cache \
+        # MUTANT_GPU=1: keep the GPU visible (patches whose Tests: are the gpu-marked kernel tests).
+        hide=CUDA_VISIBLE_DEVICES=; [ -n "${MUTANT_GPU:-}" ] && hide=
+        env $hide OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORK_REBASE_CACHE=$PWD/.upstream/cache \
           PYTHONPATH= timeout ${PROVE_TIMEOUT:-560} python3 -m tools.rebase prove $args --record ${group//,/ } \
           2>&1 | tee -a "$OUT/$step.log" | grep -v "^mutants: [0-9]" | tail -60
         cp patches/proof.json "$OUT/proof.json"
