@@ -67,11 +67,29 @@ def test_record_and_check_flags_it_stale(fork, capsys):
     entry = record["patches"]["alpha-clamp"]
     assert entry["count"] == 3 and entry["seed"] == 1 and entry["killed"] + len(entry["survivors"]) == 3
     assert not any("mutant scores" in p for p in check(fork.layout, log=quiet))
+    # A patch added after it leaves its score current: its mutants ran on the stack up to it.
     fork.add_patch("beta-more", {"megatron/core/beta.py": lambda t: t + "BETA_MORE = 1\n"})
     from tools.rebase.stack.workrepo import export
 
     export(fork.layout, log=quiet)
-    assert any("mutant scores recorded for another stack" in p for p in check(fork.layout, log=quiet))
+    assert not any("mutant scores" in p for p in check(fork.layout, log=quiet))
+    # Recording the new patch keeps the earlier entry next to it.
+    main(["-C", str(fork.root), "prove", "--mutants", "2", "--record", "beta-more"])
+    capsys.readouterr()
+    entries = json.loads((fork.layout.patches / "proof.json").read_text())["mutants"]["patches"]
+    assert set(entries) == {"alpha-clamp", "beta-more"} and entries["alpha-clamp"] == entry
+    # Changing a patch makes the scores of it and of the patches after it stale, named with the
+    # command to rerun; the ones before it stay current.
+    second, first = (next(fork.layout.patches.glob(f"000{n}-*.patch")) for n in (2, 1))
+    second.write_text(second.read_text().replace("Subject: ", "Subject: reworded ", 1))
+    problems = check(fork.layout, log=quiet)
+    (problem,) = [p for p in problems if "mutant scores" in p]
+    assert "mutant scores of beta-more were recorded on another stack" in problem
+    first.write_text(first.read_text().replace("Subject: ", "Subject: reworded ", 1))
+    problems = check(fork.layout, log=quiet)
+    (problem,) = [p for p in problems if "mutant scores" in p]
+    assert "mutant scores of alpha-clamp, beta-more were recorded on another stack" in problem
+    assert problem.endswith("prove --mutants N --record alpha-clamp beta-more")
 
 
 def test_bad_count_is_refused(fork, capsys):

@@ -210,17 +210,33 @@ def table(scores: list) -> str:
     return "\n".join(rows + lines) + "\n"
 
 
+def prefix_digests(layout) -> dict:
+    """Patch name -> digest of the pin and the series up to and including that patch."""
+    from tools.rebase.stack.stack import stack_digest
+
+    _, patches = load_stack(layout)
+    pin, digests = layout.pin.read_bytes(), {}
+    for end, patch in enumerate(patches, 1):
+        names = "\n".join(p.name for p in patches[:end]).encode()
+        digests[patch.name] = stack_digest(pin, names, [p.path.read_bytes() for p in patches[:end]])
+    return digests
+
+
 def write_mutant_record(layout, scores: list, count: int, seed: int, proved_digest: str) -> Path:
-    """Store the scores under ``"mutants"`` in ``patches/proof.json`` (other keys kept; atomic)."""
+    """Store the scores under ``"mutants"`` in ``patches/proof.json`` (other keys kept; atomic);
+    earlier entries stay while their prefix digest still matches the series."""
     if stack_digest_now(layout) != proved_digest:
         raise RebaseError("patches/ or the pin changed while the mutants ran; nothing was recorded")
     path = proof_path(layout)
     data = json.loads(path.read_text()) if path.is_file() else {}
-    previous = data.get("mutants", {})
-    entries = previous.get("patches", {}) if previous.get("stack_digest") == proved_digest else {}
+    prefixes = prefix_digests(layout)
+    previous = data.get("mutants", {}).get("patches", {})
+    entries = {name: entry for name, entry in previous.items()
+               if isinstance(entry, dict) and entry.get("prefix_digest") == prefixes.get(name)}
     for s in scores:
-        entries[s.name] = {**asdict(s), "score": s.score, "count": count, "seed": seed}
-    data["mutants"] = {"stack_digest": proved_digest, "patches": entries}
+        entries[s.name] = {**asdict(s), "score": s.score, "count": count, "seed": seed,
+                           "prefix_digest": prefixes[s.name]}
+    data["mutants"] = {"patches": entries}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
@@ -228,7 +244,7 @@ def write_mutant_record(layout, scores: list, count: int, seed: int, proved_dige
 
 
 def mutant_record_problem(layout):
-    """Why the recorded mutant scores do not describe this stack, or None (also when none)."""
+    """Why some recorded mutant scores do not describe this stack, or None (also when none)."""
     path = proof_path(layout)
     if not path.is_file():
         return None
@@ -238,7 +254,14 @@ def mutant_record_problem(layout):
         return f"patches/proof.json: not a proof record ({exc})"
     if record is None:
         return None
-    if not isinstance(record, dict) or record.get("stack_digest") != stack_digest_now(layout):
-        return ("patches/proof.json: mutant scores recorded for another stack; run python -m "
-                "tools.rebase prove --mutants N --record")
+    entries = record.get("patches") if isinstance(record, dict) else None
+    if not isinstance(entries, dict):
+        return "patches/proof.json: the mutant record has no per-patch entries"
+    prefixes = prefix_digests(layout)
+    stale = sorted(name for name, entry in entries.items()
+                   if not isinstance(entry, dict) or entry.get("prefix_digest") != prefixes.get(name))
+    if stale:
+        return (f"patches/proof.json: mutant scores of {', '.join(stale)} were recorded on another "
+                f"stack up to that patch; run python -m tools.rebase prove --mutants N --record "
+                f"{' '.join(stale)}")
     return None
