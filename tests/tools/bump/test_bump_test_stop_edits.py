@@ -81,3 +81,31 @@ def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch
     row = next(r for r in data["mapping"] if r["new"] and r["new"][0]["subject"] == "keep-alpha")
     assert "resolved by a recorded resolution (edits of a clean merge)" in row["note"]
     assert check(clone.layout, log=quiet) == []
+
+
+def test_edit_at_a_conflict_stop_of_a_file_the_merge_left_alone_replays(tmp_path, monkeypatch):
+    # rerere and the merged blobs both miss a file the patch does not touch: the stop's edit of it
+    # (an upstream refusal removed next to the conflict) is keyed by the blob it had before.
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    fork.upstream_commit({D: replace_line("delta line 3\n", "delta line 3 upstream\n")}, "upstream: delta 3")
+    fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 upstream\n")}, "upstream: beta 5")
+    sh("git", "tag", "v2", cwd=fork.upstream)
+    before_pin, before_patches = fork.layout.pin.read_bytes(), fork.patch_files()
+    with pytest.raises(Stopped):
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet)
+    resolve_conflict(fork.work, B, "beta line 5 upstream and fork")
+    (fork.work / D).write_text((fork.work / D).read_text().replace("delta line 3 upstream\n", "delta line 3 gone\n"))
+    sh("git", "add", D, cwd=fork.work)
+    bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    after = fork.patch_files()
+    assert any(b"delta line 3 gone" in data for name, data in after.items() if "tweak-beta" in name)
+    clone = make_fork(tmp_path, name="clone")
+    clone.layout.pin.write_bytes(before_pin)
+    for name, data in before_patches.items():
+        (clone.layout.patches / name).write_bytes(data)
+    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
+    assert clone.patch_files() == after

@@ -230,6 +230,13 @@ def has_merge_edit(work: Path, blob: str) -> bool:
     return pre.read_bytes() == git("cat-file", "blob", blob, cwd=work, binary=True)
 
 
+def edits_outside_the_merge(work: Path, parent: str, commit: str, known) -> dict:
+    """``{path: blob in parent}`` of the files ``commit`` changes that the merge at the stop left
+    alone (not in ``known``: conflicted or merged): the replay gives them the parent's blob."""
+    return {path: blob for path in _changed(work, parent, commit) if path not in known
+            and (blob := _blob_at(work, parent, path))}
+
+
 def apply_merge_edits(work: Path, blobs: dict) -> list:
     """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that has a
     recorded edit (imported into the rr-cache) its postimage, staged; return the paths changed."""
@@ -259,6 +266,13 @@ def _blob_at(work: Path, rev: str, path: str) -> str:
     return git_proc("rev-parse", "--verify", "-q", f"{rev}:{path}", cwd=work).stdout.strip()
 
 
+def _own_lines(work: Path, commit: str, path: str) -> list:
+    """The lines ``commit`` adds and removes in ``path`` (no positions: they move with its parent)."""
+    out = git("diff", "-U0", "--no-color", "--no-ext-diff", f"{commit}^", commit, "--", path, cwd=work)
+    return [line for line in out.splitlines()
+            if line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- "))]
+
+
 def _changed(work: Path, old: str, new: str) -> list:
     return [p for p in git("diff", "--no-renames", "--name-only", "-z", old, new, cwd=work).split("\0") if p]
 
@@ -272,6 +286,8 @@ def export_amended_edits(work: Path, store: Path, patch_name: str, merged: str, 
     touched = set(_changed(work, f"{merged}^", merged))
     keys, skipped = {}, []
     for path in _changed(work, merged, amended):
+        if _own_lines(work, merged, path) == _own_lines(work, amended, path):
+            continue  # the same change on an amended parent: an earlier patch's amendment
         if path not in touched:
             key = _blob_at(work, f"{amended}^", path)
         elif _blob_at(work, f"{merged}^", path) == _blob_at(work, f"{amended}^", path):

@@ -33,7 +33,7 @@ class ContinuePhase:
                 self._lint_gate(idx, j.tip, head, undo=False)
                 new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
                 self._export_resolutions(name, s.rerere_ids)
-                rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
+                self._export_stop_edits(name, new)
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
                 return
             raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j.tip[:12]} with the "
@@ -55,7 +55,7 @@ class ContinuePhase:
             self.hook("after-pick", index=idx)
             self._lint_gate(idx, j.tip, new, undo=True)
             self._export_resolutions(name, s.rerere_ids)
-            rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
+            self._export_stop_edits(name, new)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
             _reset_to(work, j.tip)
@@ -70,6 +70,13 @@ class ContinuePhase:
         tests = {n: _tests_of(self.work, c) for k, (c, n) in enumerate(zip(j.commits, j.names))
                  if k not in gone}
         return dependents.drop_note(j.names, deps, dependents.orphaned_tests(tests, j.names[idx]))
+
+    def _export_stop_edits(self, name, new):
+        """Record the resolution's edits of files that merged cleanly at the stop, and of files the
+        merge left alone (resolutions.py), keyed by the blob each had before the edit."""
+        s, work = self.j.stopped, self.work
+        edits = rr.edits_outside_the_merge(work, self.j.tip, new, set(s.merged) | set(s.files))
+        rr.export_merge_edits(work, self.layout.resolutions, name, {**edits, **s.merged}, new)
 
     def _continue_tests_failed(self):
         """After a test stop: take the amended patch commits (one per patch, as before) and record
