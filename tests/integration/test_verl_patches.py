@@ -117,6 +117,51 @@ def test_mtp_embeddings_detach_works_and_is_refused_with_mtp_detach_output_layer
         detached(tokens, positions, mask, labels=tokens)
 
 
+def _recompute_step(model, monkeypatch):
+    """One training forward + backward under full recompute; (loss, grads, MTP checkpoint calls)."""
+    from megatron.core import tensor_parallel
+
+    checkpoint, mtp_calls = tensor_parallel.checkpoint, []
+
+    def counting(function, *args, **kwargs):
+        if "MultiTokenPredictionLayer._checkpointed_forward" in function.__qualname__:
+            mtp_calls.append(function.__qualname__)
+        return checkpoint(function, *args, **kwargs)
+
+    monkeypatch.setattr(tensor_parallel, "checkpoint", counting)
+    model.train()
+    tokens, positions, mask = batch()
+    loss = model(tokens, positions, mask, labels=tokens)
+    loss.sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, mtp_calls
+
+
+def test_mtp_checkpointed_forward_patch_leaves_the_fork_s_recompute_and_its_numbers(monkeypatch):
+    """verl wraps ``_checkpointed_forward(forward_func, *args)`` to keep non-tensor arguments out
+    of the saved tensors; 0.19's (and the fork's) takes the layer's own arguments and already keeps
+    those in a closure. verl's patch checks the first parameter and leaves such a layer alone."""
+    mtp_patch = verl_module("verl.models.mcore.mtp_patch")
+    config = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    expected_loss, expected_grads, calls = _recompute_step(tiny_model(tiny_config(**config)), monkeypatch)
+    assert len(calls) == 1, "the MTP layer's forward runs under the checkpoint"
+    assert any(name.startswith("mtp.") for name in expected_grads)
+
+    model = tiny_model(tiny_config(**config))
+    fork_method = model.mtp.layers[0]._checkpointed_forward
+    assert mtp_patch.patch_mtp_layer_checkpointed_forward(model) is False  # what verl does with mtp.enable
+    layer = model.mtp.layers[0]
+    assert "_checkpointed_forward" not in vars(layer) and not hasattr(layer, "_checkpointed_forward_backup")
+    assert layer._checkpointed_forward == fork_method
+    assert fork_compat.replaced(model) == []
+    loss, grads, calls = _recompute_step(model, monkeypatch)
+    assert len(calls) == 1
+    assert torch.equal(loss, expected_loss)
+    assert grads.keys() == expected_grads.keys()
+    assert all(torch.equal(grads[name], expected_grads[name]) for name in grads), \
+        [name for name in grads if not torch.equal(grads[name], expected_grads[name])]
+
+
 def test_version_gated_patches_change_nothing_on_the_fork():
     patch = verl_module("verl.models.mcore.patch")
     forward = MultiLatentAttention.forward

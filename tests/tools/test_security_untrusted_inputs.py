@@ -675,7 +675,8 @@ def test_prove_copies_links_in_tests_as_links_and_refuses_a_linked_tests_folder(
 
 
 def test_prove_record_is_refused_when_the_stack_changed_during_the_run(fork):
-    from tools.rebase.proof.prove import PROVEN, Proof, proof_path, stack_digest_now, write_record
+    from tools.rebase.proof.prove import Proof
+    from tools.rebase.proof.record import PROVEN, proof_path, stack_digest_now, write_record
     from tools.rebase.stack.series import load_stack
 
     two_patch_stack(fork)

@@ -11,9 +11,36 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+MIN_INTERPRETER_VERSION = (3, 9)
+
+
+def interpreter_unusable_reason() -> Optional[str]:
+    """Why Triton's interpreter cannot run the suites here, or None when it can.
+
+    Interpreters older than 3.9 (seen: 3.6) fail on loops bounded by scalar arguments.
+    """
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    if version < MIN_INTERPRETER_VERSION:
+        return (
+            f"the interpreter of triton {triton.__version__} (older than 3.9) fails on loops "
+            "bounded by scalar arguments"
+        )
+    return None
+
+
+# For the parent test of an interpreter suite: not in the child, and only where it can run.
+_SKIP_PARENT_REASON = "this is the interpreter child" if INTERPRETING else interpreter_unusable_reason()
+interpreter_parent = pytest.mark.skipif(_SKIP_PARENT_REASON is not None, reason=str(_SKIP_PARENT_REASON))
 
 
 def assert_interpreter_suite_passes(test_file: str, class_name: str, timeout: int = 1800) -> None:

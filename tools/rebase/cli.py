@@ -57,31 +57,45 @@ def _cmd_list(args, lay):
     return 0
 
 
+def _prove_locked(args, lay):
+    """``prove`` holds the checkout's lock for its whole run, as apply/export/bump/check do: it
+    reads ``patches/`` and borrows the work repo's objects throughout, and ``--record`` writes a
+    verdict for the stack it read, so neither may change under it (the record's digest check still
+    catches a hand edit, which takes no lock)."""
+    from tools.rebase.git.lock import locked
+    from tools.rebase.stack.workrepo import APPLY_LOCK_WAIT
+
+    command = "prove" + (" --mutants" if args.mutants is not None else "") + (" --record" if args.record else "")
+    return locked(lay, command, wait=APPLY_LOCK_WAIT)
+
+
 def _cmd_prove_mutants(args, lay):
-    from tools.rebase.proof.prove import stack_digest_now
     from tools.rebase.proof.prove_mutants import mutate, table, write_mutant_record
+    from tools.rebase.proof.record import stack_digest_now
 
     if args.mutants < 1:
         raise RebaseError(f"--mutants needs a count >= 1, got {args.mutants}")
     if args.jobs < 1:
         raise RebaseError(f"--jobs needs a count >= 1, got {args.jobs}")
-    proved_digest = stack_digest_now(lay)
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    began = time.monotonic()
-    try:
-        scores = mutate(lay, args.patches, args.mutants, args.seed, jobs=args.jobs)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    sys.stdout.write(table(scores))
-    print(f"mutants: {time.monotonic() - began:.0f} s wall with --jobs {args.jobs}; "
-          f"{sum(s.seconds for s in scores):.0f} s of builds and test runs", file=sys.stderr)
-    if args.record:
-        print(f"wrote {write_mutant_record(lay, scores, args.mutants, args.seed, proved_digest)}")
+    with _prove_locked(args, lay):
+        proved_digest = stack_digest_now(lay)
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        began = time.monotonic()
+        try:
+            scores = mutate(lay, args.patches, args.mutants, args.seed, jobs=args.jobs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        sys.stdout.write(table(scores))
+        print(f"mutants: {time.monotonic() - began:.0f} s wall with --jobs {args.jobs}; "
+              f"{sum(s.seconds for s in scores):.0f} s of builds and test runs", file=sys.stderr)
+        if args.record:
+            print(f"wrote {write_mutant_record(lay, scores, args.mutants, args.seed, proved_digest)}")
     return 1 if any(s.survivors for s in scores) else 0
 
 
 def _cmd_prove(args, lay):
-    from tools.rebase.proof.prove import UNPROVEN, prove, stack_digest_now, table, write_record
+    from tools.rebase.proof.prove import prove, table
+    from tools.rebase.proof.record import UNPROVEN, stack_digest_now, write_record
 
     if args.mutants is not None:
         return _cmd_prove_mutants(args, lay)
@@ -89,19 +103,20 @@ def _cmd_prove(args, lay):
         raise RebaseError("--record proves every patch of the series; leave out the patch names")
     if args.jobs < 1:
         raise RebaseError(f"--jobs needs a count >= 1, got {args.jobs}")
-    # A terminated run still removes its scratch directories (and kills its pytest child).
-    proved_digest = stack_digest_now(lay)
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        proofs = prove(lay, args.patches, jobs=args.jobs)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    sys.stdout.write(table(proofs))
-    if args.record:
-        from tools.rebase.proof.listing import update_readme
+    with _prove_locked(args, lay):
+        proved_digest = stack_digest_now(lay)
+        # A terminated run still removes its scratch directories (and kills its pytest child).
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            proofs = prove(lay, args.patches, jobs=args.jobs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        sys.stdout.write(table(proofs))
+        if args.record:
+            from tools.rebase.proof.listing import update_readme
 
-        print(f"wrote {write_record(lay, proofs, proved_digest)}")
-        print("README.md updated" if update_readme(lay) else "README.md already current")
+            print(f"wrote {write_record(lay, proofs, proved_digest)}")
+            print("README.md updated" if update_readme(lay) else "README.md already current")
     unproven = [p.name for p in proofs if p.verdict == UNPROVEN]
     if unproven:
         print(f"prove: {len(unproven)} unproven patch(es): {', '.join(unproven)}", file=sys.stderr)

@@ -15,6 +15,7 @@ import pytest
 from tests.tools.bumpkit import (all_pass, assert_fresh_clone_report_is_the_committed_one, commit_checkout,
                                  ignore_generated, make_fork, quiet, replace_line, resolve_conflict, sh)
 from tools.rebase.bump import journal
+from tools.rebase.bump.journal_records import CorruptJournal
 from tools.rebase.bump.bump import Stopped, bump, bump_continue
 from tools.rebase.errors import RebaseError
 from tools.rebase.bump.forecast import forecast
@@ -65,7 +66,7 @@ def test_damaged_stop_fields_are_named(tmp_path, cache, field, value, named):
     data = json.loads(path.read_text())
     data["stopped"][field] = value
     path.write_text(json.dumps(data))
-    with pytest.raises(journal.CorruptJournal, match=named.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(CorruptJournal, match=named.replace("(", r"\(").replace(".", r"\.")):
         journal.load(fork.layout)
 
 
@@ -75,7 +76,7 @@ def test_a_lint_stop_without_findings_is_refused(tmp_path, cache):
     data = json.loads(path.read_text())
     data["stopped"].update(kind="lint", findings=[])
     path.write_text(json.dumps(data))
-    with pytest.raises(journal.CorruptJournal, match="a lint stop carries its findings"):
+    with pytest.raises(CorruptJournal, match="a lint stop carries its findings"):
         journal.load(fork.layout)
 
 

@@ -12,7 +12,8 @@ from tools.rebase.proof.check import check
 from tools.rebase.cli import main
 from tools.rebase.errors import RebaseError
 from tools.rebase.proof.listing import BEGIN, END, update_readme
-from tools.rebase.proof.prove import prove, read_record
+from tools.rebase.proof.prove import prove
+from tools.rebase.proof.record import read_record
 
 TESTS = {
     "tests/test_alpha.py": (

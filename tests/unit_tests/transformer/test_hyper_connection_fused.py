@@ -23,7 +23,10 @@ from megatron.core.transformer import hyper_connection as native
 from megatron.core.transformer import hyper_connection_fused as fused
 from megatron.core.transformer.hyper_connection import HyperConnection, HyperConnectionHead
 from tests.unit_tests.test_utilities import Utils
-from tests.unit_tests.triton_interpreter import INTERPRETING, assert_interpreter_suite_passes
+from tests.unit_tests.triton_interpreter import (
+    assert_interpreter_suite_passes,
+    interpreter_parent,
+)
 
 EPS = 1e-5
 ITERS = 6
@@ -294,11 +297,7 @@ class TestFusedConfigAndDispatch:
 # --------------------------------------------------------------------------------------------
 # CPU: Triton interpreter
 # --------------------------------------------------------------------------------------------
-@pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
-@pytest.mark.skipif(
-    tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9),
-    reason="the interpreter of older triton (seen: 3.6) fails on loops bounded by scalar arguments",
-)
+@interpreter_parent
 def test_interpreter_suite_in_subprocess():
     """Run TestFusedKernelsInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""
     assert_interpreter_suite_passes(__file__, "TestFusedKernelsInterpreter", timeout=900)

@@ -16,7 +16,10 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mhc_recompute import build_mhc_recompute_layer_plan
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, causal_batch
 from tests.unit_tests.test_utilities import Utils, run_distributed
-from tests.unit_tests.triton_interpreter import INTERPRETING, assert_interpreter_suite_passes
+from tests.unit_tests.triton_interpreter import (
+    assert_interpreter_suite_passes,
+    interpreter_parent,
+)
 from tests.unit_tests.transformer.test_hyper_connection import grads_of, mhc_config
 
 LAYERS = 3
@@ -390,14 +393,9 @@ class TestPipelineStages:
         run_distributed(_two_stages_grads_equal_no_recompute, 2)
 
 
-@pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
+@interpreter_parent
 def test_fused_kernels_in_the_triton_interpreter():
     """TestFusedKernelsInterpreter under TRITON_INTERPRET=1, in a fresh interpreter."""
-    pytest.importorskip("triton")
-    import triton
-
-    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip("the interpreter of older triton (seen: 3.6) fails on scalar-bounded loops")
     assert_interpreter_suite_passes(__file__, "TestFusedKernelsInterpreter", timeout=900)
 
 

@@ -1,6 +1,7 @@
 """``bump --abort``: put back everything the backup holds, even when the journal is damaged."""
 
 from tools.rebase.bump import journal as jr
+from tools.rebase.bump.journal_records import CorruptJournal
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
 from tools.rebase.stack.materialize import local_edits, materialize
@@ -15,7 +16,7 @@ class AbortPhase:
             raise RebaseError("no bump in progress (nothing to abort)")
         try:
             j = jr.load(layout)
-        except jr.CorruptJournal as exc:  # the backup alone is enough to restore
+        except CorruptJournal as exc:  # the backup alone is enough to restore
             j = None
             self.log(f"warning: {exc}")
         # The backup is copied over the checkout and the work repo's config: only one made here counts.

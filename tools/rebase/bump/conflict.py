@@ -4,7 +4,7 @@ summary that tells the maintainer what to do."""
 
 from tools.rebase.analysis import conflicts
 from tools.rebase.analysis.lint import lint_worktree
-from tools.rebase.bump import journal as jr
+from tools.rebase.bump.journal_records import StopInfo
 from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _reset_to, _staged_changes, \
     _subject, _unmerged
@@ -42,7 +42,7 @@ class ConflictStop:
             # (or the result is empty: already in the new base).
             if _staged_changes(work):
                 ids = rr.conflict_ids(work)
-                j.picking = jr.StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
+                j.picking = StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
                 self._save()  # a kill after the commit below must not pass it off as a clean replay
                 new = _commit_pick(work, commit, j.dates[idx])
                 self.hook("after-pick", index=idx)
@@ -73,7 +73,7 @@ class ConflictStop:
         # files that merged cleanly next to the conflict can be broken too
         findings = lint_worktree(work, merged, baselines=(j.new_base, commit))
         j.phase = "stopped"
-        j.stopped = jr.StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
+        j.stopped = StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
                                 kind="conflict", analysis=analysis,
                                 findings=[f.to_json() for f in findings],
                                 merged=rr.staged_blobs(work, merged))

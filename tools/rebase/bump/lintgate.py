@@ -2,7 +2,7 @@
 hand resolution that breaks a Python file stops the bump like a conflict."""
 
 from tools.rebase.analysis.lint import first_broken, lint_change
-from tools.rebase.bump import journal as jr
+from tools.rebase.bump.journal_records import StopInfo
 from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _reset_to
 from tools.rebase.bump.stopped import Stopped
@@ -45,7 +45,7 @@ class LintGate:
         j.phase = "stopped"
         j.picking = None
         staged = git("diff", "--cached", "--name-only", cwd=self.work).split()
-        j.stopped = jr.StopInfo(index=idx, files=files, rerere_ids=[], upstream=self._upstream_touching(files),
+        j.stopped = StopInfo(index=idx, files=files, rerere_ids=[], upstream=self._upstream_touching(files),
                                 kind="lint", findings=[f.to_json() for f in findings],
                                 merged=rr.staged_blobs(self.work, staged))
         self._save()

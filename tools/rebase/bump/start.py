@@ -4,6 +4,7 @@ the new base and load the recorded resolutions; then ``Bump._run`` replays."""
 from tools.rebase.analysis.basecompare import downgrade_warnings
 from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
+from tools.rebase.bump.journal_records import Journal
 from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _describe, _head, canonical_chain
 from tools.rebase.bump.prepare import _ensure_applied, _refuse_unsaved_work, resolve_spec
@@ -43,7 +44,7 @@ class StartPhase:
         described = _describe(work, old_base, old_tip)
         commits = [c for c, _, _ in described]
         names = [n for _, n, _ in described]
-        self.j = jr.begin(layout, jr.Journal(
+        self.j = jr.begin(layout, Journal(
             onto=spec, phase="replaying", old_pin=old_pin.to_toml(), new_pin=new_pin.to_toml(),
             old_base=old_base, old_tip=old_tip, old_head=old_head, commits=commits, names=names,
             dates=[d for _, _, d in described],

@@ -33,14 +33,16 @@ def key_locked(folder: Path, key: str):
         os.close(fd)
 
 
-READ_ONLY_COMMANDS = ("check",)  # it writes the tool's state only, not the checkout's files
+# They write the tool's state only (the lock, the work repo), not the checkout's files; ``prove
+# --record`` writes patches/proof.json and the README, so it is not one of them.
+READ_ONLY_COMMANDS = ("check", "prove", "prove --mutants")
 
 
 def written_by(layout, command: str) -> list:
     """The folders of the checkout ``command`` writes in: the state (lock, work repo) always; the
     package, the line's files and ``patches/`` unless it only reads them."""
     paths = [layout.state_dir]
-    if command.split()[0] not in READ_ONLY_COMMANDS:
+    if command not in READ_ONLY_COMMANDS:
         paths += [layout.root, layout.package, layout.home, layout.patches]
     return paths
 

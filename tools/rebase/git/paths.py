@@ -13,6 +13,11 @@ STATE_DIR = ".rebase"
 # file or folder.
 STATE_ENTRIES = ("lock", "state.json", "work", "work/.git", "cache", "bump", "last-bump")
 LINES_DIR = "lines"
+# What git says (its messages are pinned to the C locale) when it finds no repository it will read
+# at a checkout's .git: a gitfile whose target is absent (a worktree or submodule copied into a
+# container) or a stub, and a repository owned by another user (CI containers), which a git that
+# checks ownership even for an explicit GIT_DIR refuses. Either leaves the checkout like a tarball.
+NO_REPOSITORY_ANSWERS = ("not a git repository", "detected dubious ownership")
 
 
 def find_root(start=None) -> Path:
@@ -159,14 +164,32 @@ class Layout:
         """``.rebase/`` is the tool's private state and ``megatron/`` its output: neither is ever
         committed. A tracked file there came from a commit (a pull request), so the tool would take
         it as its own lock, work repo, cache or journal: an error naming it, read from the
-        checkout's own index (hermetic git, nothing of the checkout's config runs)."""
+        checkout's own index (hermetic git, nothing of the checkout's config runs).
+
+        Only where git finds no repository to read does the check pass over the checkout, as it does
+        one with no ``.git`` (a tarball): git's answers in ``NO_REPOSITORY_ANSWERS``. Any other
+        failure (a damaged index, say) is an error, since the files there cannot be vouched for."""
         if not (self.root / ".git").exists():
             return  # not a git checkout (an unpacked archive): the writes refuse links themselves
         from tools.rebase.git.gitcmd import git_proc
 
         env = {"GIT_DIR": str(self.root / ".git"), "GIT_WORK_TREE": str(self.root)}
-        proc = git_proc("ls-files", "-z", "--", STATE_DIR, "megatron", cwd=self.root, env=env)
-        tracked = [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []
+        try:
+            proc = git_proc("ls-files", "-z", "--", STATE_DIR, "megatron", cwd=self.root, env=env)
+        except OSError as exc:
+            raise RebaseError(f"{self.root}: git could not be run to list the files tracked under "
+                              f"{STATE_DIR}/ and megatron/ ({exc}); nothing was read or written") from None
+        if proc.returncode != 0:
+            if any(answer in proc.stderr for answer in NO_REPOSITORY_ANSWERS):
+                return  # no index to read: as safe as an archive (the tool's own files carry markers)
+            said = " ".join(proc.stderr.split())[:300] or "no message"
+            raise RebaseError(
+                f"{self.root}: git ls-files failed (exit {proc.returncode}: {said}), so the tool cannot "
+                f"tell whether a commit put files under {STATE_DIR}/ or megatron/. Only a .git that is no "
+                f"repository or one git refuses for its owner ({' / '.join(NO_REPOSITORY_ANSWERS)}) is "
+                f"passed over like a tarball; repair the repository (a damaged index: remove .git/index "
+                f"and run git reset) and rerun; nothing was read or written")
+        tracked = [p for p in proc.stdout.split("\0") if p]
         if tracked:
             shown = ", ".join(tracked[:5]) + (f" and {len(tracked) - 5} more" if len(tracked) > 5 else "")
             raise RebaseError(
@@ -174,7 +197,6 @@ class Layout:
                 f"{STATE_DIR}/ (the tool's state) and megatron/ (generated) are never committed: the "
                 f"tool would take a committed file there as its own. Remove it from the commit "
                 f"(git rm -r --cached -- {STATE_DIR} megatron); nothing was read or written")
-
 
     def _refuse_line_escape(self) -> None:
         """``lines/<name>`` must be a real folder of this checkout: a committed link (or a link on

@@ -110,7 +110,7 @@ def check_without_base(layout, log=print) -> list:
     if not problems:
         log(f"series ok: {len(parsed)} patches")
     problems += lint_resolutions(layout, {p.name for p in parsed})
-    from tools.rebase.proof.prove import read_record
+    from tools.rebase.proof.record import read_record
 
     if not problems:
         _, stale_proof = read_record(layout)
@@ -165,7 +165,7 @@ def check(layout, log=print) -> list:
     if not problems:
         log("fresh export is byte-identical")
     from tools.rebase.proof.listing import readme_is_stale
-    from tools.rebase.proof.prove import read_record
+    from tools.rebase.proof.record import read_record
 
     _, stale_proof = read_record(layout)
     if stale_proof:

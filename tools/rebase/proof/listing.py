@@ -30,7 +30,7 @@ def _proof_cell(entry) -> str:
 
 
 def patch_table(layout) -> str:
-    from tools.rebase.proof.prove import read_record
+    from tools.rebase.proof.record import read_record
 
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)

@@ -28,9 +28,7 @@ from tools.rebase.stack.source import base_tag, import_base
 from tools.rebase.stack.stack import am_one
 from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.parallel import CHILDREN, run_groups
-# The committed record lives in proof/record.py; its names stay importable from here.
-from tools.rebase.proof.record import (  # noqa: F401
-    GPU_ONLY, PROOF_FILE, PROVEN, UNPROVEN, proof_path, read_record, stack_digest_now, write_record)
+from tools.rebase.proof.record import GPU_ONLY, PROVEN, UNPROVEN
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
 

@@ -31,12 +31,11 @@ from tools.rebase.proof.parallel import run_groups
 from tools.rebase.proof.prove import (
     Slots,
     _build_without,
-    proof_path,
     run_tests,
     scratch_stack,
     select,
-    stack_digest_now,
 )
+from tools.rebase.proof.record import proof_path, stack_digest_now
 from tools.rebase.stack.series import load_stack
 from tools.rebase.proof.testids import missing_test
 
