@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from megatron.core.tensor_parallel import random as tp_random
-from megatron.core.transformer import hyper_connection
 from megatron.core.transformer.hyper_connection import HyperConnection
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mhc_recompute import build_mhc_recompute_layer_plan
@@ -267,16 +266,23 @@ class TestSavedBytes:
             for norm in (layer.input_layernorm, layer.pre_mlp_layernorm):
                 assert not isinstance(norm, IdentityOp)
                 monkeypatch.setattr(norm, "forward", tracked(norm.forward))
-        expand = hyper_connection.expand_streams
+        from megatron.core.transformer import transformer_block
 
-        def expand_and_keep(*args):
-            out = expand(*args)
+        def keep(out):
             kept.append(out)
             return out
 
-        monkeypatch.setattr(
-            "megatron.core.transformer.transformer_block.expand_streams", expand_and_keep
-        )
+        # The block's entry streams: the fork's expand_streams, or on the upstream-main line
+        # upstream's HyperConnectionModule.input_expand (the same replication).
+        if hasattr(transformer_block, "expand_streams"):
+            expand = transformer_block.expand_streams
+            monkeypatch.setattr(transformer_block, "expand_streams", lambda *a: keep(expand(*a)))
+        else:
+            hc_module = transformer_block.HyperConnectionModule
+            expand = hc_module.input_expand
+            monkeypatch.setattr(
+                hc_module, "input_expand", staticmethod(lambda *a: keep(expand(*a)))
+            )
         saved = []
 
         def pack(t):

@@ -37,7 +37,6 @@ from tools.rebase.bump.resume import ContinuePhase
 from tools.rebase.bump.start import StartPhase
 from tools.rebase.bump.stopped import Stopped
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.gitcmd import git, is_clean
 from tools.rebase.git.gitlocks import clear_stale_locks
 from tools.rebase.git.lock import locked
 
@@ -80,16 +79,7 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
         elif phase == "replaying":
             self._recover_replay()
         elif phase == "tests-failed":
-            head = git("rev-parse", "HEAD", cwd=work).strip()
-            if not is_clean(work):
-                raise RebaseError(f"{work} has uncommitted changes; commit (amend the patch) first")
-            if head != self.j.tip:
-                if git("rev-list", "--count", f"{self.j.new_base}..{head}", cwd=work).strip() != \
-                        git("rev-list", "--count", f"{self.j.new_base}..{self.j.tip}", cwd=work).strip():
-                    raise RebaseError("the work repo must keep one commit per patch while fixing tests")
-                self.j.tip = head
-            self.j.phase = "testing"
-            self._save()
+            self._continue_tests_failed()
         return self._run()
 
     def _run(self):

@@ -26,14 +26,15 @@ class ConflictStop:
 
     def _at_stop(self, idx, output):
         """``git rebase`` stopped at patch ``idx``: commit a recorded resolution, record an absorbed
-        patch, or stop at the conflict with its upstream causes."""
+        patch, or stop at the conflict with its upstream causes. ``output`` None: no conflict, a
+        clean merge staged to be given its recorded edits (``_first_with_recorded_edits``)."""
         j = self.j
         work = self.work
         commit = j.commits[idx]
         unmerged = _unmerged(work)
-        # Recorded edits of files that merged cleanly next to the conflict (resolutions.py).
-        edited = rr.apply_merge_edits(
-            work, set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
+        # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
+        # amended at a test stop (resolutions.py); only this patch's own.
+        edited = rr.apply_merge_edits(work, rr.paths_of_blobs(work, self._edit_ids(j.names[idx])))
         if edited:
             self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
         if not unmerged and not _marker_files(work):
@@ -46,8 +47,9 @@ class ConflictStop:
                 new = _commit_pick(work, commit, j.dates[idx])
                 self.hook("after-pick", index=idx)
                 self._lint_recorded(idx, new)
-                origin = self._record_recorded(idx, new)
-                self.log(f"  {j.names[idx]}: conflict resolved by a recorded resolution"
+                what = "clean merge edited" if output is None else "conflict resolved"
+                origin = self._record_recorded(idx, new, clean=output is None)
+                self.log(f"  {j.names[idx]}: {what} by a recorded resolution"
                          + (f" of {origin}" if origin else ""))
             else:
                 _reset_to(work, j.tip)
@@ -56,7 +58,7 @@ class ConflictStop:
             return
         if not unmerged:
             _reset_to(work, j.tip)
-            raise RebaseError(f"replaying {j.names[idx]} failed:\n{output.strip()}")
+            raise RebaseError(f"replaying {j.names[idx]} failed:\n{(output or '').strip()}")
         ids = rr.conflict_ids(work)
         absorbed = self._absorbed_by(idx)
         if absorbed:

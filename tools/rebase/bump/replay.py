@@ -6,6 +6,7 @@ from tools.rebase.bump import journal as jr
 from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _describe, _head, _patch_name, _read, _reset_to
 from tools.rebase.bump.finish import _prefetch_finish
+from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
 
@@ -41,6 +42,10 @@ class ReplayPhase:
             _reset_to(work, j.tip)
             raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
         head, end = _head(work), idx if idx is not None else len(j.commits)
+        edited = self._first_with_recorded_edits(head, end)
+        if edited:  # taken like a recorded resolution: staged on its parent for _at_stop
+            idx, commit, head = edited
+            end = idx
         if idx is None:  # replayed to the end: the export and report read head while lint runs
             _prefetch_finish(work, j, head)
         broken = self._lint_replayed(head, end)
@@ -49,7 +54,33 @@ class ReplayPhase:
             self._adopt(parent, end=k)
             self._stop_lint(k, bad, parent, findings)
         self._adopt(head, end=end)
+        if edited:
+            _reset_to(work, commit)
+            git("reset", "-q", "--soft", head, cwd=work)
+            return idx, None
         return idx, proc.stdout + proc.stderr
+
+    def _first_with_recorded_edits(self, head, end):
+        """The first patch of ``tip..head`` that merged cleanly to a file a recorded edit of that
+        patch starts from (a test stop's amendment, resolutions.py): (index, commit, parent)."""
+        for sha, _name, k in self._match_replayed(head, end):
+            if k is None:
+                return None
+            if any(rr.has_merge_edit(self.work, b)
+                   for b in rr.paths_of_blobs(self.work, self._edit_ids(self.j.names[k]), tree=sha).values()):
+                return k, sha, rev_parse(self.work, f"{sha}^")
+        return None
+
+    def _edit_ids(self, name: str) -> set:
+        """Ids recorded for patch ``name`` in this line's resolutions and the lending line's."""
+        lender = self._lender()
+        return rr.edit_ids([self.layout.resolutions] + ([lender.resolutions] if lender else []), name)
+
+    def _lender(self):
+        other = self.resolutions_from
+        if other is None and self.j.resolutions_from:  # resumed by `bump --continue`
+            other = self.layout.for_line(self.j.resolutions_from)
+        return other
 
     def _recover_replay(self):
         """After a kill during replay: adopt the patches git already committed, drop a half-done one."""
@@ -136,13 +167,15 @@ class ReplayPhase:
         j.phase = "replaying"
         self._save()
 
-    def _record_recorded(self, idx: int, new: str) -> str:
-        """Record a pick rerere resolved; return where the resolution came from ("" for this line's
-        own, "line NAME" for one reused with ``--resolutions-from``), kept in the outcome's ``how``."""
+    def _record_recorded(self, idx: int, new: str, clean: bool = False) -> str:
+        """Record a pick rerere resolved (``clean``: a clean merge given its recorded edits); return
+        where the resolution came from ("" for this line's own, "line NAME" for one reused with
+        ``--resolutions-from``), kept in the outcome's ``how``."""
         name = self.j.names[idx]
         origin = self._adopt_lent(name)
         self._export_resolutions(name, self.j.picking.rerere_ids)
-        self._record(idx, "resolved-recorded", new, how=origin, note="conflict resolved by a recorded resolution")
+        self._record(idx, "resolved-recorded", new, how=origin,
+                     note=CLEAN_EDITED_NOTE if clean else "conflict resolved by a recorded resolution")
         return origin
 
     def _adopt_lent(self, name: str) -> str:
@@ -150,9 +183,7 @@ class ReplayPhase:
         ``resolutions/`` (so its next bump needs no lender); "line NAME" when there were any. rerere
         forgets the ids of conflicts it resolved, so the lender's folder of the same Patch-Name is
         what says a resolution was lent."""
-        other = self.resolutions_from
-        if other is None and self.j.resolutions_from:  # resumed by `bump --continue`
-            other = self.layout.for_line(self.j.resolutions_from)
+        other = self._lender()
         if other is None:
             return ""
         adopted = rr.adopt(other.resolutions, self.layout.resolutions, name)

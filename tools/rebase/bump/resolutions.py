@@ -187,24 +187,118 @@ def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, c
     return written
 
 
-def apply_merge_edits(work: Path, paths) -> list:
-    """Give every staged file among ``paths`` whose merged blob has a recorded edit (imported into
-    the rr-cache) its postimage, staged; return the paths changed."""
-    changed = []
-    for path, blob in sorted(staged_blobs(work, paths).items()):
-        entry = rr_cache(work) / blob
-        pre, post = entry / "preimage", entry / "postimage"
-        if not (pre.is_file() and post.is_file()) or pre.is_symlink() or post.is_symlink():
+def edit_ids(stores, patch_name: str) -> set:
+    """The ids recorded under ``<store>/<patch_name>/`` of each store (this line's, a lender's):
+    the merged blobs a replay of that patch may edit (rerere ids among them never match a blob)."""
+    ids = set()
+    for store in stores:
+        _refuse_links(store)
+        folder = store / patch_name
+        _refuse_links(folder)
+        if folder.is_dir():
+            ids.update(e.name for e in folder.iterdir() if names.RERERE_ID.match(e.name))
+    return ids
+
+
+def paths_of_blobs(work: Path, ids, tree: str = None) -> dict:
+    """``{path: blob}`` of the files of ``tree`` (default: the stage-0 index) whose blob is in ``ids``."""
+    if not ids:
+        return {}
+    if tree:
+        out = git("ls-tree", "-r", "-z", tree, cwd=work, binary=True)
+    else:
+        out = git("ls-files", "-s", "-z", cwd=work, binary=True)
+    found = {}
+    for record in out.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        fields = meta.decode().split()
+        if len(fields) != 3:
             continue
-        if pre.read_bytes() != git("cat-file", "blob", blob, cwd=work, binary=True):
+        # ls-tree: mode type blob; ls-files -s: mode blob stage (a conflicted path has no stage 0)
+        blob = fields[2] if tree else fields[1] if fields[2] == "0" else ""
+        if blob in ids:
+            found[path.decode()] = blob
+    return found
+
+
+def has_merge_edit(work: Path, blob: str) -> bool:
+    """Whether the rr-cache holds a recorded edit of the merged blob ``blob`` (preimage byte-compared)."""
+    entry = rr_cache(work) / blob
+    pre, post = entry / "preimage", entry / "postimage"
+    if not (pre.is_file() and post.is_file()) or pre.is_symlink() or post.is_symlink():
+        return False
+    return pre.read_bytes() == git("cat-file", "blob", blob, cwd=work, binary=True)
+
+
+def edits_outside_the_merge(work: Path, parent: str, commit: str, known) -> dict:
+    """``{path: blob in parent}`` of the files ``commit`` changes that the merge at the stop left
+    alone (not in ``known``: conflicted or merged): the replay gives them the parent's blob."""
+    return {path: blob for path in _changed(work, parent, commit) if path not in known
+            and (blob := _blob_at(work, parent, path))}
+
+
+def apply_merge_edits(work: Path, blobs: dict) -> list:
+    """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that has a
+    recorded edit (imported into the rr-cache) its postimage, staged; return the paths changed."""
+    changed = []
+    for path, blob in sorted(blobs.items()):
+        if not has_merge_edit(work, blob):
             continue
         target = work / path
         if target.is_symlink():
             raise RebaseError(f"{target}: a recorded merge edit must not write through a link")
-        target.write_bytes(post.read_bytes())
+        target.write_bytes((rr_cache(work) / blob / "postimage").read_bytes())
         git("add", "--", path, cwd=work)
         changed.append(path)
     return changed
+
+
+# ---------------------------------------------------------------- edits made at a test stop
+#
+# At a test stop the maintainer amends patch commits in the work repo. A patch that merged cleanly
+# merges the same way on the next bump, so its amendment is kept like a stop's edit of a cleanly
+# merged file, keyed by the blob the replay will give the file at that patch: the merged blob when
+# the patch changes the file and the file came to it unamended, the parent's blob when the patch
+# leaves the file alone (upstream's refusal removed in a file the patch did not touch).
+
+
+def _blob_at(work: Path, rev: str, path: str) -> str:
+    return git_proc("rev-parse", "--verify", "-q", f"{rev}:{path}", cwd=work).stdout.strip()
+
+
+def _own_lines(work: Path, commit: str, path: str) -> list:
+    """The lines ``commit`` adds and removes in ``path`` (no positions: they move with its parent)."""
+    out = git("diff", "-U0", "--no-color", "--no-ext-diff", f"{commit}^", commit, "--", path, cwd=work)
+    return [line for line in out.splitlines()
+            if line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- "))]
+
+
+def _changed(work: Path, old: str, new: str) -> list:
+    return [p for p in git("diff", "--no-renames", "--name-only", "-z", old, new, cwd=work).split("\0") if p]
+
+
+def export_amended_edits(work: Path, store: Path, patch_name: str, merged: str, amended: str):
+    """Store what amending ``merged`` (the commit the bump made for ``patch_name``) into ``amended``
+    changed; return (ids written, paths that cannot be recorded: an added file, or a file both the
+    patch and an earlier amendment changed, whose merged blob is not known before the replay)."""
+    if merged == amended:
+        return [], []
+    touched = set(_changed(work, f"{merged}^", merged))
+    keys, skipped = {}, []
+    for path in _changed(work, merged, amended):
+        if _own_lines(work, merged, path) == _own_lines(work, amended, path):
+            continue  # the same change on an amended parent: an earlier patch's amendment
+        if path not in touched:
+            key = _blob_at(work, f"{amended}^", path)
+        elif _blob_at(work, f"{merged}^", path) == _blob_at(work, f"{amended}^", path):
+            key = _blob_at(work, merged, path)
+        else:
+            key = ""
+        if key and _blob_at(work, amended, path):
+            keys[path] = key
+        else:
+            skipped.append(path)
+    return export_merge_edits(work, store, patch_name, keys, amended), skipped
 
 
 def prune(store: Path, keep_names) -> None:

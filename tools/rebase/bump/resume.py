@@ -3,8 +3,8 @@ the patch on purpose (``--drop``) and say which later patches and tests it leave
 
 from tools.rebase.analysis import dependents
 from tools.rebase.bump import resolutions as rr
-from tools.rebase.bump.commits import _commit_pick, _marker_files, _patch_name, _recommit, _reset_to, \
-    _staged_changes, _tests_of, _unmerged
+from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _patch_name, _recommit, \
+    _reset_to, _staged_changes, _tests_of, _unmerged
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, is_clean, rev_parse
 
@@ -33,7 +33,7 @@ class ContinuePhase:
                 self._lint_gate(idx, j.tip, head, undo=False)
                 new = _recommit(work, head, j.tip, j.commits[idx], keep_message=keep)
                 self._export_resolutions(name, s.rerere_ids)
-                rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
+                self._export_stop_edits(name, new)
                 self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
                 return
             raise RebaseError(f"{work} HEAD moved to {head[:12]}; expected {j.tip[:12]} with the "
@@ -55,7 +55,7 @@ class ContinuePhase:
             self.hook("after-pick", index=idx)
             self._lint_gate(idx, j.tip, new, undo=True)
             self._export_resolutions(name, s.rerere_ids)
-            rr.export_merge_edits(work, self.layout.resolutions, name, s.merged, new)
+            self._export_stop_edits(name, new)
             self._record(idx, "resolved-manual", new, note="conflict resolved by hand")
         else:
             _reset_to(work, j.tip)
@@ -70,3 +70,31 @@ class ContinuePhase:
         tests = {n: _tests_of(self.work, c) for k, (c, n) in enumerate(zip(j.commits, j.names))
                  if k not in gone}
         return dependents.drop_note(j.names, deps, dependents.orphaned_tests(tests, j.names[idx]))
+
+    def _export_stop_edits(self, name, new):
+        """Record the resolution's edits of files that merged cleanly at the stop, and of files the
+        merge left alone (resolutions.py), keyed by the blob each had before the edit."""
+        s, work = self.j.stopped, self.work
+        edits = rr.edits_outside_the_merge(work, self.j.tip, new, set(s.merged) | set(s.files))
+        rr.export_merge_edits(work, self.layout.resolutions, name, {**edits, **s.merged}, new)
+
+    def _continue_tests_failed(self):
+        """After a test stop: take the amended patch commits (one per patch, as before) and record
+        each amendment in resolutions/ (resolutions.py), so the next bump replays it."""
+        j, work = self.j, self.work
+        head = git("rev-parse", "HEAD", cwd=work).strip()
+        if not is_clean(work):
+            raise RebaseError(f"{work} has uncommitted changes; commit (amend the patch) first")
+        if head != j.tip:
+            before, after = _describe(work, j.new_base, j.tip), _describe(work, j.new_base, head)
+            if len(before) != len(after):
+                raise RebaseError("the work repo must keep one commit per patch while fixing tests")
+            for (merged, name, _), (amended, _, _) in zip(before, after):
+                _, skipped = rr.export_amended_edits(work, self.layout.resolutions, name, merged, amended)
+                if skipped:
+                    self.log(f"  warning: {name}: the amendment of {', '.join(skipped)} cannot be recorded "
+                             f"(a new file, or one an earlier patch's amendment changed too); the next "
+                             f"bump will need it again")
+            j.tip = head
+        j.phase = "testing"
+        self._save()
