@@ -23,8 +23,6 @@ from tools.rebase.git.gitcmd import git, git_proc, read_head
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 from tools.rebase.bump.journal_records import Backup, CorruptJournal, Journal, _build
-# bump/replay.py still reads ``jr.Outcome``; it moves to journal_records with replay.py's next edit.
-from tools.rebase.bump.journal_records import Outcome  # noqa: F401
 
 
 def bump_dir(layout) -> Path:

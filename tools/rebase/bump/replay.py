@@ -2,8 +2,8 @@
 as replayed patches (the ones it skipped are absorbed), recovery after a kill, and the outcome
 records every phase writes into the journal."""
 
-from tools.rebase.bump import journal as jr
 from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump.journal_records import Outcome
 from tools.rebase.bump.commits import _describe, _head, _patch_name, _read, _reset_to
 from tools.rebase.bump.finish import _prefetch_finish
 from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE
@@ -154,7 +154,7 @@ class ReplayPhase:
 
     def _note(self, idx, outcome, new_commit=None, upstream="", how="", note=""):
         j = self.j
-        j.outcomes.append(jr.Outcome(index=idx, name=j.names[idx], old=j.commits[idx], new=new_commit,
+        j.outcomes.append(Outcome(index=idx, name=j.names[idx], old=j.commits[idx], new=new_commit,
                                      outcome=outcome, upstream=upstream, how=how, note=note))
         if new_commit:
             j.tip = new_commit

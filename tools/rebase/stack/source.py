@@ -9,9 +9,7 @@ reports can name the upstream commits that touched our files.
 import contextlib
 import hashlib
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
