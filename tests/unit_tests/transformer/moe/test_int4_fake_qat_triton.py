@@ -199,6 +199,12 @@ class TestInt4KernelInterpreter:
     def test_strided_weight(self):
         check_strided_input("cpu")
 
+    @pytest.mark.parametrize("shape", [(0, 256), (8, 0)])
+    def test_an_empty_weight_gives_an_empty_image_without_a_launch(self, shape):
+        # No rows or no columns: nothing to quantize, and a zero-width grid must not be launched.
+        out = kernel(torch.empty(shape, dtype=torch.bfloat16), 128)
+        assert out.shape == shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+
     def test_straight_through_gradient_through_the_kernel(self, monkeypatch):
         check_straight_through_uses_the_kernel(monkeypatch, "cpu")
 
