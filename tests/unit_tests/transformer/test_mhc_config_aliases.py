@@ -45,6 +45,11 @@ class TestMHCDevNameAliases:
             num_residual_streams=2,
         )
         assert cfg.mhc_num_residual_streams == 2
+        # set by the canonical names alone, the (unset) aliases take their values: readers of the
+        # dev names see the same setting
+        canonical_only = config(enable_mhc_connections=True, mhc_num_residual_streams=3)
+        assert canonical_only.enable_hyper_connections is True
+        assert canonical_only.num_residual_streams == 3
         # a round trip through the field values (both names present) is consistent too
         again = TransformerConfig(
             **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
