@@ -643,6 +643,76 @@ def _interleaved_pipeline_two_ranks(rank, world_size):
         assert len(losses) == 4 and all(torch.isfinite(l["loss"]) for l in losses)
     missing = [n for c in chunks for n, p in c.named_parameters() if p.grad is None]
     assert not missing, f"rank {rank}: no grad for {missing}"
+    _interleaved_plain_model_parallel_config(rank, batches)
+
+
+class _PlainChunk(torch.nn.Module):
+    """A model chunk whose config is a plain ModelParallelConfig (no TransformerConfig fields,
+    so no mHC switch): what the schedules accept besides Megatron's own models."""
+
+    def __init__(self, config, pre_process):
+        from megatron.core.enums import ModelType
+
+        super().__init__()
+        self.config, self.pre_process = config, pre_process
+        self.model_type = ModelType.encoder_or_decoder
+        self.proj = torch.nn.Linear(config.hidden_size, config.hidden_size)
+        self.input_tensor = None
+
+    def set_input_tensor(self, tensor):
+        self.input_tensor = tensor[0] if isinstance(tensor, list) else tensor
+
+    def forward(self, embedded):
+        return self.proj(embedded if self.pre_process else self.input_tensor)
+
+
+def _interleaved_plain_model_parallel_config(rank, batches):
+    """The same schedule with ModelParallelConfig chunks: the stage buffers stay [s, b, h]."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.pipeline_parallel import schedules
+
+    hidden = 8
+    config = ModelParallelConfig(
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=2,
+        pipeline_dtype=torch.float32,
+    )
+    assert not hasattr(config, "enable_mhc_connections")
+    config.hidden_size = hidden  # the one model field the schedules read from the config
+    chunks = [
+        _PlainChunk(config, ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage))
+        for stage in range(2)
+    ]
+    received = []
+    for chunk in chunks:
+        chunk.register_forward_pre_hook(
+            lambda m, a: received.append(None if m.pre_process else tuple(m.input_tensor.shape))
+        )
+
+    def forward_step(data_iterator, chunk):
+        tokens, _, _ = next(data_iterator)
+        embedded = torch.ones(SEQ, BATCH, hidden) * tokens.t().unsqueeze(-1) / VOCAB
+
+        def loss_func(output):
+            loss = output.float().pow(2).mean()
+            return loss, {"loss": loss.detach()}
+
+        return chunk(embedded), loss_func
+
+    losses = schedules.forward_backward_pipelining_with_interleaving(
+        forward_step_func=forward_step,
+        data_iterator=[iter(batches) for _ in chunks],
+        model=chunks,
+        num_microbatches=4,
+        seq_length=SEQ,
+        micro_batch_size=BATCH,
+        forward_only=False,
+    )
+    assert set(r for r in received if r is not None) == {(SEQ, BATCH, hidden)}, received
+    if rank == 1:
+        assert len(losses) == 4 and all(torch.isfinite(l["loss"]) for l in losses)
+    assert all(p.grad is not None for c in chunks for p in c.parameters()), rank
 
 
 def _pipeline_parallel_inference_two_stages(rank, world_size):

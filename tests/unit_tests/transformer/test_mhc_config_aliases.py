@@ -28,6 +28,13 @@ class TestMHCDevNameAliases:
         assert cfg.enable_mhc_connections is True and cfg.mhc_num_residual_streams == 2
         # the alias mirrors the canonical value, so readers of either name agree
         assert cfg.enable_hyper_connections is True and cfg.num_residual_streams == 2
+        # the warning points at the code that built the config with the dev name
+        with pytest.warns(DeprecationWarning) as caught:
+            TransformerConfig(
+                num_layers=2, hidden_size=32, num_attention_heads=4, enable_hyper_connections=True
+            )
+        ours = [w for w in caught if "enable_hyper_connections" in str(w.message)]
+        assert [w.filename for w in ours] == [__file__], [(w.filename, w.lineno) for w in ours]
 
     def test_canonical_names_alone_need_no_alias_and_do_not_warn(self):
         with warnings.catch_warnings():
@@ -45,6 +52,11 @@ class TestMHCDevNameAliases:
             num_residual_streams=2,
         )
         assert cfg.mhc_num_residual_streams == 2
+        # set by the canonical names alone, the (unset) aliases take their values: readers of the
+        # dev names see the same setting
+        canonical_only = config(enable_mhc_connections=True, mhc_num_residual_streams=3)
+        assert canonical_only.enable_hyper_connections is True
+        assert canonical_only.num_residual_streams == 3
         # a round trip through the field values (both names present) is consistent too
         again = TransformerConfig(
             **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}

@@ -116,6 +116,12 @@ class TestMTPMultistream:
         loss.mean().backward()
         missing = [n for n, p in model.named_parameters() if p.grad is None]
         assert not missing, missing
+        # Without mHC there is no multistream: the MTP layer takes the decoder's [s, b, h] output.
+        seen.clear()
+        plain = build_gpt(mhc_mtp_config(enable_mhc_connections=False))
+        plain.mtp.layers[0].register_forward_pre_hook(layer_hook, with_kwargs=True)
+        plain(tokens, position_ids, mask, labels=tokens).mean().backward()
+        assert seen == {"layer": (SEQ, BATCH, h)}, seen
 
     def test_mtp_layer_checks_the_multistream_it_gets(self):
         model = build_gpt(mhc_mtp_config())

@@ -98,13 +98,20 @@ class TestForeignPostprocess:
     def test_upstream_signature_replacement_runs_the_default_forward(self, where, monkeypatch):
         model = build_model(deterministic_config())
         tokens, position_ids, mask = causal_batch()
+        mtp_runs = []
+        model.mtp.register_forward_pre_hook(lambda module, args: mtp_runs.append(1))
         expected_logits = model(tokens, position_ids, mask)
         expected_loss = model(tokens, position_ids, mask, labels=tokens)
+        # The fork's own _postprocess gets compute_mtp=False and skips the MTP block; the default
+        # forward (what the replacement must reproduce) runs it.
+        model(tokens, position_ids, mask, compute_mtp=False)
+        assert len(mtp_runs) == 2, "compute_mtp=False ran the MTP block on the fork's _postprocess"
 
         _install(model, upstream_signature_postprocess, where, monkeypatch)
         logits = model(tokens, position_ids, mask)
         loss = model(tokens, position_ids, mask, labels=tokens, compute_mtp=True)
         assert model.foreign_calls == 2
+        assert len(mtp_runs) == 4, "the replacement runs the default forward, MTP block included"
         assert torch.equal(logits, expected_logits)
         assert torch.equal(loss, expected_loss)
 
