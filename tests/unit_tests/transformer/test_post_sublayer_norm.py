@@ -122,6 +122,12 @@ class TestPostSublayerNorm:
         assert type(layer.pre_mlp_layernorm) is expected
         for name in POST_NORMS:
             assert type(getattr(layer, name)) is expected, name
+        # The MLA variant of the local spec picks its post norms the same way.
+        mla = get_gpt_layer_local_spec(multi_latent_attention=True, normalization=normalization)
+        spec_norm = ApexStyleLayerNorm if normalization == "LayerNorm" else backends.WrappedTorchNorm
+        assert mla.submodules.pre_mlp_layernorm is spec_norm
+        for name in POST_NORMS:
+            assert getattr(mla.submodules, name) is spec_norm, name
         randomize_(layer, seed=1)
         with torch.no_grad():
             for name in POST_NORMS:
