@@ -73,6 +73,39 @@ def grads_of(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def mhc_grads_after_tp_all_reduce(sequence_parallel):
+    """Grads of a HyperConnection and a HyperConnectionHead (all ones) after finalize_model_grads'
+    tensor-parallel all-reduce of replicated weights, over two TP ranks with equal grads.
+
+    Under sequence parallelism each TP rank's grad of a replicated weight covers other tokens, so
+    they must be summed like the layernorm grads (the ``sequence_parallel`` parameter attribute).
+    """
+    from unittest import mock
+
+    from megatron.core.distributed.finalize_model_grads import (
+        _allreduce_non_tensor_model_parallel_grads,
+    )
+
+    cfg = mhc_config(tensor_model_parallel_size=2, sequence_parallel=sequence_parallel)
+    chunk = torch.nn.ModuleDict(
+        {"hyper_connection": HyperConnection(cfg), "hc_head": HyperConnectionHead(cfg)}
+    )
+    chunk.ddp_config = type("DDPConfig", (), {"use_megatron_fsdp": False})()
+    for p in chunk.parameters():
+        p.grad = torch.ones_like(p)
+
+    class TwoRankGroup:
+        def size(self):
+            return 2
+
+    def all_reduce_over_two_equal_ranks(tensor, op=None, group=None):
+        tensor.mul_(2)
+
+    with mock.patch.object(torch.distributed, "all_reduce", all_reduce_over_two_equal_ranks):
+        _allreduce_non_tensor_model_parallel_grads([chunk], cfg, tp_group=TwoRankGroup())
+    return {name: p.grad for name, p in chunk.named_parameters()}
+
+
 class TestSinkhornLog:
     def test_rows_exact_columns_converge(self):
         torch.manual_seed(0)
@@ -500,6 +533,13 @@ class TestGPTWithHyperConnections:
         assert "decoder.layers.0.self_attention_hyper_connection.mapping_weight" in mhc
         sharded = model.sharded_state_dict()
         assert mhc <= set(sharded), sorted(mhc - set(sharded))
+        # Replicated over TP ranks: under sequence parallelism their grads are summed over TP.
+        for sequence_parallel in (False, True):
+            grads = mhc_grads_after_tp_all_reduce(sequence_parallel)
+            expected = 2.0 if sequence_parallel else 1.0
+            assert len(grads) == 5 + 3, sorted(grads)
+            for name, grad in grads.items():
+                assert torch.equal(grad, torch.full_like(grad, expected)), (sequence_parallel, name)
 
 
 class TestFullRecompute:

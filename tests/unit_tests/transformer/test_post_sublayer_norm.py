@@ -8,6 +8,7 @@ import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.post_sublayer_norm import apply_post_sublayer_norm
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
@@ -55,6 +56,16 @@ def upstream_layer_spec(spec):
     return ModuleSpec(module=spec.module, submodules=submodules, params=spec.params)
 
 
+class ApexStyleLayerNorm(torch.nn.LayerNorm):
+    """Stands in for apex's FusedLayerNorm, the local backend's LayerNorm when apex is present.
+
+    Without apex both LayerNorm and RMSNorm specs resolve to WrappedTorchNorm, which hides a
+    spec that asks the backend for the wrong norm kind."""
+
+    def __init__(self, config, hidden_size, eps=1e-5, **kwargs):
+        super().__init__(hidden_size, eps=eps)
+
+
 def layer_inputs(seed=0):
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen)
@@ -94,7 +105,10 @@ class TestPostSublayerNorm:
 
     @pytest.mark.parametrize("moe", [False, True])
     @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
-    def test_zero_weight_post_norms_make_layer_identity(self, moe, normalization):
+    def test_zero_weight_post_norms_make_layer_identity(self, moe, normalization, monkeypatch):
+        from megatron.core.models import backends
+
+        monkeypatch.setattr(backends, "LNImpl", ApexStyleLayerNorm)
         config = layer_config(
             moe=moe,
             normalization=normalization,
@@ -102,6 +116,18 @@ class TestPostSublayerNorm:
             post_mlp_layernorm=True,
         )
         layer = build_module(local_layer_spec(config, normalization), config=config)
+        # The post norms are the kind the layer's own norms are: the backend's (fused) LayerNorm
+        # for LayerNorm, torch's RMSNorm for RMSNorm.
+        expected = ApexStyleLayerNorm if normalization == "LayerNorm" else torch.nn.RMSNorm
+        assert type(layer.pre_mlp_layernorm) is expected
+        for name in POST_NORMS:
+            assert type(getattr(layer, name)) is expected, name
+        # The MLA variant of the local spec picks its post norms the same way.
+        mla = get_gpt_layer_local_spec(multi_latent_attention=True, normalization=normalization)
+        spec_norm = ApexStyleLayerNorm if normalization == "LayerNorm" else backends.WrappedTorchNorm
+        assert mla.submodules.pre_mlp_layernorm is spec_norm
+        for name in POST_NORMS:
+            assert getattr(mla.submodules, name) is spec_norm, name
         randomize_(layer, seed=1)
         with torch.no_grad():
             for name in POST_NORMS:
@@ -141,6 +167,14 @@ class TestPostSublayerNorm:
         torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(h1, h1_wrong, atol=1e-3)
 
+        # With the flags off the pair reaches bias-dropout-add untouched: the bias stays separate
+        # (a custom bda in the spec still gets it), as in an unpatched layer.
+        off_config = layer_config(add_bias_linear=True)
+        off_layer = build_module(local_layer_spec(off_config), config=off_config)
+        for name in POST_NORMS:
+            passed = apply_post_sublayer_norm(getattr(off_layer, name), (attn_out, attn_bias))
+            assert passed[0] is attn_out and passed[1] is attn_bias, name
+
     def test_gradients_reach_post_norm_weights(self):
         model = build_gpt(
             tiny_moe_mtp_config(post_self_attn_layernorm=True, post_mlp_layernorm=True)
@@ -159,8 +193,6 @@ class TestPostSublayerNorm:
             build_module(upstream_layer_spec(local_layer_spec(config)), config=config)
 
     def test_norm_returning_a_tuple_is_rejected(self):
-        from megatron.core.transformer.post_sublayer_norm import apply_post_sublayer_norm
-
         class ResidualStyleNorm(torch.nn.Module):  # like a norm built with has_residual=True
             def forward(self, x):
                 return x, x
