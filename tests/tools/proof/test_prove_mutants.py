@@ -66,6 +66,9 @@ def test_record_and_check_flags_it_stale(fork, capsys):
     record = json.loads((fork.layout.patches / "proof.json").read_text())["mutants"]
     entry = record["patches"]["alpha-clamp"]
     assert entry["count"] == 3 and entry["seed"] == 1 and entry["killed"] + len(entry["survivors"]) == 3
+    import platform
+
+    assert entry["python"] == platform.python_version()
     assert not any("mutant scores" in p for p in check(fork.layout, log=quiet))
     # A patch added after it leaves its score current: its mutants ran on the stack up to it.
     fork.add_patch("beta-more", {"megatron/core/beta.py": lambda t: t + "BETA_MORE = 1\n"})

@@ -12,6 +12,7 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 import functools
 import json
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,8 +234,10 @@ def write_mutant_record(layout, scores: list, count: int, seed: int, proved_dige
     entries = {name: entry for name, entry in previous.items()
                if isinstance(entry, dict) and entry.get("prefix_digest") == prefixes.get(name)}
     for s in scores:
+        # The sample is drawn from the mutants that compile, which depends on the Python version
+        # (3.12 parses f-strings 3.11 refuses), so the entry says which one drew it.
         entries[s.name] = {**asdict(s), "score": s.score, "count": count, "seed": seed,
-                           "prefix_digest": prefixes[s.name]}
+                           "prefix_digest": prefixes[s.name], "python": platform.python_version()}
     data["mutants"] = {"patches": entries}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
@@ -258,6 +259,11 @@ class TestInt4FakeQatLocalExperts:
         dense = linear_cls(32, 16, **kwargs)
         out, _ = dense(x)
         assert torch.equal(out, F.linear(x, dense.weight))
+        # Nor is an expert linear built from a plain ModelParallelConfig (no QAT fields at all).
+        kwargs.update(config=ModelParallelConfig(), is_expert=True)
+        plain = linear_cls(32, 16, **kwargs)
+        out, _ = plain(x)
+        assert torch.equal(out, F.linear(x, plain.weight))
 
     def test_sequential_mlp_rejects_experts_without_the_quantizer(self):
         config = moe_config(moe_int4_fake_qat=True)
