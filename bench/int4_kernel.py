@@ -18,21 +18,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def gpu_ms(fn, calls):
-    """GPU time per call of ``fn`` queued back to back (milliseconds)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
+from bench.mhc_kernels import gpu_ms  # noqa: E402  (CUDA-event timing, shared)
 
 
 def median_ms(fn, calls, repeats):
-    fn()  # compile / warm the allocator
-    torch.cuda.synchronize()
+    """Median over ``repeats`` of the GPU time per call (each timing warms ``fn`` first)."""
     return statistics.median(gpu_ms(fn, calls) for _ in range(repeats))
 
 

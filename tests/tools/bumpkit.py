@@ -233,3 +233,17 @@ def copy_with_markers(src: Path, dst: Path) -> None:
         stamp.unlink()
         marker.unlink()
         mark(marker.parent, marker.name, purpose)
+
+
+def clone_with_resolutions(tmp_path: Path, fork: Fork, pin: bytes, patches: dict, monkeypatch) -> Fork:
+    """Another machine: a fresh fork with ``fork``'s old pin and patches plus the resolutions a
+    bump committed, on its own download cache; for tests that a recorded edit replays."""
+    import shutil
+
+    clone = make_fork(tmp_path, name="clone")
+    clone.layout.pin.write_bytes(pin)
+    for name, data in patches.items():
+        (clone.layout.patches / name).write_bytes(data)
+    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    return clone

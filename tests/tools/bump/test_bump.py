@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import clone_with_resolutions, make_fork, quiet, replace_line, sh
 from tools.rebase.bump import journal
 from tools.rebase.bump.bump import Stopped, bump, bump_abort, bump_continue
 from tools.rebase.proof.check import check
@@ -163,12 +163,7 @@ def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache, monkeypat
     bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     after = fork.patch_files()
     # Another machine: the old pin and patches plus the committed resolutions, fresh work repo and cache.
-    clone = make_fork(tmp_path, name="clone")
-    clone.layout.pin.write_bytes(before_pin)
-    for name, data in before_patches.items():
-        (clone.layout.patches / name).write_bytes(data)
-    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    clone = clone_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
     ran = []
     data = bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet,
                 test_runner=lambda l, n, ids: ran.append(n) or {i: "passed" for i in ids})
@@ -526,12 +521,7 @@ def test_edits_of_cleanly_merged_files_at_a_stop_replay_on_a_fresh_clone(tmp_pat
     bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     after = fork.patch_files()
     assert any("fitted to v2" in text.decode() for text in after.values())
-    clone = make_fork(tmp_path, name="clone")
-    clone.layout.pin.write_bytes(before_pin)
-    for name, data in before_patches.items():
-        (clone.layout.patches / name).write_bytes(data)
-    shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    clone = clone_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
     bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     assert clone.patch_files() == after
     assert check(clone.layout, log=quiet) == []

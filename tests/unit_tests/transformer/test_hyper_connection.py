@@ -624,6 +624,20 @@ def _pipeline_parallel_two_stages(rank, world_size):
     assert not missing, f"rank {rank}: no grad for {missing}"
 
 
+def _interleaved_training_step(schedules, forward_step, chunks, batches):
+    """One interleaved 1F1B training step of four micro-batches over ``chunks`` (losses on the
+    last stage)."""
+    return schedules.forward_backward_pipelining_with_interleaving(
+        forward_step_func=forward_step,
+        data_iterator=[iter(batches) for _ in chunks],
+        model=chunks,
+        num_microbatches=4,
+        seq_length=SEQ,
+        micro_batch_size=BATCH,
+        forward_only=False,
+    )
+
+
 def _interleaved_pipeline_two_ranks(rank, world_size):
     """The interleaved (VPP) schedule: 2 pipeline ranks x 2 model chunks, one layer each. Every
     chunk boundary sends the n streams, so the schedule's buffers must be [s, b, n*h]."""
@@ -668,15 +682,7 @@ def _interleaved_pipeline_two_ranks(rank, world_size):
 
         return out, loss_func
 
-    losses = schedules.forward_backward_pipelining_with_interleaving(
-        forward_step_func=forward_step,
-        data_iterator=[iter(batches) for _ in chunks],
-        model=chunks,
-        num_microbatches=4,
-        seq_length=SEQ,
-        micro_batch_size=BATCH,
-        forward_only=False,
-    )
+    losses = _interleaved_training_step(schedules, forward_step, chunks, batches)
     # Each rank holds one chunk whose decoder hands n streams to the next stage.
     assert (SEQ, BATCH, N * cfg.hidden_size) in sent, sent
     if rank == 1:
@@ -740,15 +746,7 @@ def _interleaved_plain_model_parallel_config(rank, batches):
 
         return chunk(embedded), loss_func
 
-    losses = schedules.forward_backward_pipelining_with_interleaving(
-        forward_step_func=forward_step,
-        data_iterator=[iter(batches) for _ in chunks],
-        model=chunks,
-        num_microbatches=4,
-        seq_length=SEQ,
-        micro_batch_size=BATCH,
-        forward_only=False,
-    )
+    losses = _interleaved_training_step(schedules, forward_step, chunks, batches)
     assert set(r for r in received if r is not None) == {(SEQ, BATCH, hidden)}, received
     if rank == 1:
         assert len(losses) == 4 and all(torch.isfinite(l["loss"]) for l in losses)
