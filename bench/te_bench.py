@@ -330,9 +330,10 @@ def write_docs(payload):
     DOCS.write_text(text)
 
 
-def groups_for(only):
-    """The configurations each group must keep alive: plain, and full recompute."""
+def groups_for(only, recompute=True):
+    """The configurations each group must keep alive: plain, and full recompute (unless not wanted)."""
     chosen = [c for c in COMPARISONS if not only or c in only or c.split("/")[0] in only]
+    chosen = [c for c in chosen if recompute or not c.endswith("/rc")]
     plain, rc = [], []
     for c in chosen:
         for name in COMPARISONS[c][:2]:
@@ -340,6 +341,19 @@ def groups_for(only):
             if name not in target:
                 target.append(name)
     return [g for g in (plain, rc) if g]
+
+
+def collect(per_gpu, args, started, gpus, profiles, ready):
+    """The JSON payload of what the groups run so far measured (profiles and readiness moved out)."""
+    for g in per_gpu.values():
+        profiles.update(g.pop("profiles", {}))
+        ready.update(g.pop("_ready", {}))
+    rows = summarize(per_gpu)
+    first = next(iter(ready.values()), {}) or {}
+    meta = {"args": {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs")},
+            "wall_s": round(time.time() - started, 1), "gpus": len(gpus),
+            "device_name": first.get("device_name"), "torch": first.get("torch")}  # fmt: skip
+    return {"meta": meta, "rows": rows, "profiles": profiles, "ready": ready, "windows": per_gpu}
 
 
 def gpu_ids(args):
@@ -379,6 +393,8 @@ def main(argv=None):
     p.add_argument("--warmup-max", type=int, default=40)
     p.add_argument("--nproc", type=int, default=0, help="GPUs to use (default: all visible)")
     p.add_argument("--only", nargs="*", help="comparisons (or their plain names) to run")
+    p.add_argument("--no-recompute", dest="recompute", action="store_false",
+                   help="leave out the full-recompute group (the /rc comparisons)")
     p.add_argument("--profile", nargs="*", default=[], help="configurations to profile after the rounds")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--log-dir", default=None, help="worker logs and profiles (default: a temp dir)")
@@ -390,7 +406,7 @@ def main(argv=None):
         payload = json.loads(Path(args.from_json).read_text())
         payload["rows"] = summarize(payload["windows"])  # verdicts by this version's rules
     else:
-        groups = groups_for(args.only)
+        groups = groups_for(args.only, args.recompute)
         if any(CONFIGS[n]["impl"] == "upstream" for g in groups for n in g):
             if not args.upstream or not (Path(args.upstream) / "megatron" / "core").is_dir():
                 raise SystemExit("--upstream must name a pristine upstream source root holding megatron/core")
@@ -419,17 +435,10 @@ def main(argv=None):
                 t.join()
             if errors:
                 raise SystemExit("\n".join(errors))
-        for g in per_gpu.values():
-            profiles.update(g.pop("profiles", {}))
-            ready.update(g.pop("_ready", {}))
-        rows = summarize(per_gpu)
-        first = next(iter(ready.values()), {}) or {}
-        meta = {"args": {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs")},
-                "wall_s": round(time.time() - started, 1), "gpus": len(gpus),
-                "device_name": first.get("device_name"), "torch": first.get("torch")}  # fmt: skip
-        payload = {"meta": meta, "rows": rows, "profiles": profiles, "ready": ready, "windows": per_gpu}
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+            # Written after every group, so a run cut short keeps what it measured.
+            payload = collect(per_gpu, args, started, gpus, profiles, ready)
+            if args.json_out:
+                Path(args.json_out).write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print()
     print(table(payload["rows"]))
     print()
