@@ -196,7 +196,8 @@ def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
                 res["round"] = r
                 out.setdefault(name, []).append(res)
             print(f"[{time.time() - started:6.1f}s] gpu {gpu} round {r + 1}/{args.rounds}: "
-                  + " ".join(f"{n}={statistics.median(out[n][-1]['step_times_ms']):.1f}" for n in names),
+                  + " ".join(f"{n}={statistics.median(out[n][-1]['step_times_ms']):.1f}"
+                             + clock_note(out[n][-1]) for n in names),
                   flush=True)  # fmt: skip
         if args.profile:
             for name in args.profile:
@@ -330,6 +331,28 @@ def write_docs(payload):
     DOCS.write_text(text)
 
 
+def clock_note(window):
+    """'@1980MHz' after a window's median when the worker could read the SM clock."""
+    clock = window.get("gpu_state", {}).get("sm_clock_mhz")
+    return f"@{clock}MHz" if clock else ""
+
+
+def clock_correlations(per_gpu):
+    """Per configuration: Pearson correlation of window medians with the SM clock read after each
+    window (None where the clock was not read or never changed). Near -1: the shifts follow it."""
+    out = {}
+    for gpu, configs in per_gpu.items():
+        for name, windows in configs.items():
+            pairs = [(statistics.median(w["step_times_ms"]), w.get("gpu_state", {}).get("sm_clock_mhz"))
+                     for w in windows if isinstance(w, dict) and "step_times_ms" in w]  # fmt: skip
+            pairs = [(t, c) for t, c in pairs if c]
+            if len(pairs) < 3 or len({c for _, c in pairs}) < 2:
+                out[f"{name}@gpu{gpu}"] = None
+                continue
+            out[f"{name}@gpu{gpu}"] = round(statistics.correlation(*zip(*pairs)), 3)
+    return out
+
+
 def groups_for(only, recompute=True):
     """The configurations each group must keep alive: plain, and full recompute (unless not wanted)."""
     chosen = [c for c in COMPARISONS if not only or c in only or c.split("/")[0] in only]
@@ -353,7 +376,8 @@ def collect(per_gpu, args, started, gpus, profiles, ready):
     meta = {"args": {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs")},
             "wall_s": round(time.time() - started, 1), "gpus": len(gpus),
             "device_name": first.get("device_name"), "torch": first.get("torch")}  # fmt: skip
-    return {"meta": meta, "rows": rows, "profiles": profiles, "ready": ready, "windows": per_gpu}
+    return {"meta": meta, "rows": rows, "profiles": profiles, "ready": ready, "windows": per_gpu,
+            "clock_correlation": clock_correlations(per_gpu)}
 
 
 def gpu_ids(args):
@@ -447,6 +471,8 @@ def main(argv=None):
     line = mhc_line(payload["rows"])
     if line:
         print(line)
+    for name, corr in payload.get("clock_correlation", {}).items():
+        print(f"window median vs SM clock, {name}: correlation {corr}")
     if args.write_docs:
         write_docs(payload)
     return 0

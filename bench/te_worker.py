@@ -168,6 +168,7 @@ class Trainer:
             gc.enable()
         cuda = self.device == "cuda"
         return {
+            "gpu_state": gpu_state() if cuda else {},
             "step_times_ms": times,
             "peak_gib": gib(torch.cuda.max_memory_allocated()) if cuda else 0.0,
             "steady_gib": gib(sum(steady) / len(steady)),
@@ -189,6 +190,20 @@ class Trainer:
                 f.write(f"{mib:10.1f}  {name}\n")
             f.write("\n## kernels and ops by self device time\n" + table + "\n")
         return {"path": path, "saved_for_backward_mib": dict(census[:12])}
+
+
+def gpu_state():
+    """SM clock (MHz), power (W) and temperature (C) right after a window, where NVML answers:
+    to see whether the shifts between windows follow the GPU's clocks. Empty where it does not."""
+    state = {}
+    for key, read in (("sm_clock_mhz", torch.cuda.clock_rate), ("power_w", torch.cuda.power_draw),
+                      ("temp_c", torch.cuda.temperature)):  # fmt: skip
+        try:
+            value = read()
+        except Exception:  # no pynvml, or NVML refused: the figures are optional
+            continue
+        state[key] = value / 1000 if key == "power_w" else value  # power_draw answers milliwatts
+    return state
 
 
 def saved_tensor_census(trainer):

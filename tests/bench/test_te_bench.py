@@ -1,0 +1,48 @@
+"""The TE benchmark's bookkeeping, on made-up windows (no GPU): which groups a selection runs,
+the ratio interval, and the clock correlation that tells whether window shifts follow the GPU."""
+
+import math
+
+import pytest
+
+from bench import te_bench
+
+
+def window(ms, clock=None):
+    return {"step_times_ms": list(ms), "peak_gib": 1.0, "steady_gib": 1.0,
+            "gpu_state": {"sm_clock_mhz": clock} if clock else {}}  # fmt: skip
+
+
+def test_a_plain_name_selects_its_recompute_twin_unless_recompute_is_left_out():
+    both = te_bench.groups_for(["mhc"])
+    assert both == [["fork", "fork+mhc"], ["fork/rc", "fork+mhc/rc"]]
+    assert te_bench.groups_for(["mhc"], recompute=False) == [["fork", "fork+mhc"]]
+    # An exact /rc name still selects only that comparison's group.
+    assert te_bench.groups_for(["mhc/rc"], recompute=True) == [["fork/rc", "fork+mhc/rc"]]
+
+
+def test_ratio_interval_is_the_geometric_mean_with_a_t_interval():
+    mean, low, high = te_bench.ratio_interval([1.1, 1.2, 1.0])
+    assert mean == pytest.approx(math.exp((math.log(1.1) + math.log(1.2)) / 3))
+    assert low < mean < high
+    # One round: no interval.
+    single = te_bench.ratio_interval([1.1])
+    assert single[0] == pytest.approx(1.1) and math.isnan(single[1]) and math.isnan(single[2])
+
+
+def test_clock_correlation_is_negative_when_slow_windows_ran_at_low_clocks():
+    windows = {"0": {"fork": [window([150, 152], 1980), window([180, 181], 1600), window([160], 1850)],
+                     "upstream": [window([150]), window([151])]}}  # fmt: skip
+    corr = te_bench.clock_correlations(windows)
+    assert corr["fork@gpu0"] < -0.99
+    assert corr["upstream@gpu0"] is None  # never read: no figure rather than a made-up one
+
+
+def test_clock_correlation_needs_a_clock_that_moved():
+    windows = {"0": {"fork": [window([150], 1980), window([170], 1980), window([160], 1980)]}}
+    assert te_bench.clock_correlations(windows) == {"fork@gpu0": None}
+
+
+def test_clock_note_names_the_clock_only_when_read():
+    assert te_bench.clock_note(window([1], 1755)) == "@1755MHz"
+    assert te_bench.clock_note(window([1])) == ""
