@@ -4,7 +4,9 @@ Times one call on one expert weight and one MoE layer's worth of calls (every ex
 what TEGroupedLinear fetches per forward) at the bench model's shapes (bench/te_bench.py: 8
 experts, hidden 2048, ffn = hidden, no gated unit), with CUDA events, median of repeats. Also
 prints the bytes one call must move (read the weight, write its image) as an effective bandwidth,
-and checks the two agree bit for bit before timing.
+and checks the two agree bit for bit before timing. Then the grouped launch (one per grouped
+linear: fc1's experts, fc2's experts) alone and through the straight-through autograd function
+TEGroupedLinear's forward calls.
 
     python bench/int4_kernel.py [--experts 8 --hidden 2048 --ffn 2048 --group 128]
 """
@@ -61,9 +63,20 @@ def main():
             for w in ws
         ]
 
-    for w, r, k in zip(layer, reference(layer), kernel(layer)):
-        if not torch.equal(r.view(torch.int8), k.view(torch.int8)):
-            sys.exit(f"kernel and reference differ on a {tuple(w.shape)} {dtype} weight")
+    def grouped(groups):  # one launch per grouped linear (fc1's experts, fc2's experts)
+        return [
+            fused.int4_quantize_dequantize_triton_grouped(g, a.group, qat.INT4_MAX_LEVEL, qat.MIN_SCALE)
+            for g in groups
+        ]
+
+    def straight_through(groups):  # what TEGroupedLinear calls per forward, autograd included
+        return [qat.int4_fake_quantize_group(g, a.group) for g in groups]
+
+    layer_grouped = [t for g in grouped([fc1, fc2]) for t in g.unbind(0)]
+    for w, r, k, g in zip(layer, reference(layer), kernel(layer), layer_grouped):
+        for name, got in (("kernel", k), ("grouped kernel", g)):
+            if not torch.equal(r.view(torch.int8), got.view(torch.int8)):
+                sys.exit(f"{name} and reference differ on a {tuple(w.shape)} {dtype} weight")
 
     print(
         f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {a.experts} experts  "
@@ -77,6 +90,12 @@ def main():
         ker_ms = median_ms(lambda: kernel(ws), a.calls, a.repeats)
         gbps = one_bytes * len(ws) / (ker_ms * 1e-3) / 1e9
         print(f"{name:<24} {ref_ms:13.4f} {ker_ms:10.4f} {ref_ms / ker_ms:8.2f}x {gbps:11.0f}")
+    params = [[w.clone().requires_grad_() for w in g] for g in (fc1, fc2)]
+    for name, fn in (("grouped kernel", lambda: grouped([fc1, fc2])),
+                     ("grouped, with autograd", lambda: straight_through(params))):  # fmt: skip
+        ms = median_ms(fn, a.calls, a.repeats)
+        gbps = one_bytes * len(layer) / (ms * 1e-3) / 1e9
+        print(f"{name + ' (layer)':<24} {'':>13} {ms:10.4f} {'':>9} {gbps:11.0f}")
 
 
 if __name__ == "__main__":

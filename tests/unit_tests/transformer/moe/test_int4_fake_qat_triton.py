@@ -126,6 +126,47 @@ def check_straight_through_uses_the_kernel(monkeypatch, device):
     assert torch.equal(weight.grad, grad_out)
 
 
+class Marker(torch.Tensor):
+    """A tensor subclass, as quantized or distributed parameter types are."""
+
+
+def grouped_kernel(weights, group_size):
+    return fused.int4_quantize_dequantize_triton_grouped(weights, group_size, LEVEL, qat.MIN_SCALE)
+
+
+def check_grouped_against_reference(rows, cols, group, dtype, device, experts=3, transpose=False):
+    """One launch over several experts' weights: each slice equals the reference of its weight."""
+    weights = [crafted_weight(rows, cols, group, dtype, device, seed=e) for e in range(experts)]
+    if transpose:  # strided: the launch walks every weight with the first one's strides
+        weights = [crafted_weight(cols, rows, group, dtype, device, seed=e).t() for e in range(experts)]
+    images = grouped_kernel(weights, group)
+    assert images.shape == (experts, rows, cols) and images.dtype == dtype
+    for w, image in zip(weights, images.unbind(0)):
+        assert_bit_identical(image, qat.int4_quantize_dequantize(w, group))
+
+
+def check_group_straight_through(monkeypatch, device):
+    """A grouped linear's weights: one grouped launch, the reference's bits, identity gradients."""
+    launches = []
+    real = fused.int4_quantize_dequantize_triton_grouped
+
+    def counting(weights, *args, **kwargs):
+        launches.append(len(weights))
+        return real(weights, *args, **kwargs)
+
+    monkeypatch.setattr(fused, "int4_quantize_dequantize_triton_grouped", counting)
+    if device == "cpu":
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: True)
+    weights = [crafted_weight(9, 50, 16, torch.float32, device, seed=e).requires_grad_() for e in range(4)]
+    images = qat.int4_fake_quantize_group(weights, 16)
+    assert launches == [4]
+    grads = [torch.randn_like(image) for image in images]
+    torch.autograd.backward(images, grads)
+    for w, image, g in zip(weights, images, grads):
+        assert_bit_identical(image.detach(), qat.int4_quantize_dequantize(w, 16))
+        assert torch.equal(w.grad, g)
+
+
 def reference_scaled_by_reciprocal(weight, group_size):
     """The torch reference as CUDA torch evaluates it: ``amax / 7`` as ``amax * fl(1/7)``."""
     rows, cols = weight.shape
@@ -167,6 +208,45 @@ class TestDispatch:
         # The reference's amax / 7 on CPU; the kernel follows whatever the device's torch does.
         assert fused.torch_level_division("cpu", LEVEL) == "divide"
 
+    def test_weights_of_different_layouts_are_quantized_one_by_one(self, monkeypatch):
+        # The grouped launch walks every weight with the first one's shape and strides: weights
+        # that differ in either (or in dtype) must not share it. Stand-ins record the calls.
+        one, grouped = [], []
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: True)
+        monkeypatch.setattr(fused, "int4_quantize_dequantize_triton",
+                            lambda w, g, *a: one.append(tuple(w.shape)) or qat.int4_quantize_dequantize(w, g))
+        monkeypatch.setattr(fused, "int4_quantize_dequantize_triton_grouped",
+                            lambda ws, *a: grouped.append(len(ws)))  # fmt: skip
+        a, b = torch.randn(4, 32), torch.randn(4, 64)
+        images = qat.int4_fake_quantize_group([a, b], 16)
+        assert one == [(4, 32), (4, 64)] and grouped == []
+        assert_bit_identical(images[1], qat.int4_quantize_dequantize(b, 16))
+        qat.int4_fake_quantize_group([a, torch.randn(32, 4).t()], 16)  # same shape, other strides
+        qat.int4_fake_quantize_group([a, a.to(torch.bfloat16)], 16)
+        qat.int4_fake_quantize_group([a], 16)  # a single weight needs no table
+        assert grouped == [] and len(one) == 7
+
+    def test_grouped_kernel_refuses_mixed_layouts_and_nothing(self):
+        with pytest.raises(ValueError, match=r"one shape, stride, dtype and device, got \(4, 32\)"):
+            grouped_kernel([torch.zeros(4, 32), torch.zeros(4, 16)], 16)
+        with pytest.raises(ValueError, match="at least one weight"):
+            grouped_kernel([], 16)
+
+    def test_grouped_path_checks_every_weight_first(self, monkeypatch):
+        monkeypatch.setattr(fused, "fused_kernel_applies", lambda weight, max_level: True)
+        with pytest.raises(TypeError, match="plain high-precision weight"):
+            qat.int4_fake_quantize_group([torch.zeros(2, 8), torch.nn.Parameter(torch.zeros(2, 8)).data.as_subclass(Marker)], 8)
+        with pytest.raises(ValueError, match="group size"):
+            qat.int4_fake_quantize_group([torch.zeros(2, 8), torch.zeros(2, 8)], 0)
+
+    def test_address_table_is_made_once_per_set_of_weights(self):
+        ws = [torch.randn(3, 8) for _ in range(3)]
+        table = fused._address_table(ws)
+        assert table.dtype == torch.int64 and table.tolist() == [w.data_ptr() for w in ws]
+        assert fused._address_table(ws) is table
+        other = fused._address_table(ws[::-1])
+        assert other is not table and other.tolist() == [w.data_ptr() for w in ws[::-1]]
+
     def test_unknown_division_is_refused(self, monkeypatch):
         monkeypatch.setattr(fused, "torch_level_division", lambda device_type, max_level: None)
         with pytest.raises(RuntimeError, match="cannot reproduce"):
@@ -207,6 +287,17 @@ class TestInt4KernelInterpreter:
 
     def test_straight_through_gradient_through_the_kernel(self, monkeypatch):
         check_straight_through_uses_the_kernel(monkeypatch, "cpu")
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    @pytest.mark.parametrize("rows,cols,group", SHAPES[:4] + SHAPES[5:])
+    def test_grouped_launch_equals_the_reference_for_every_expert(self, rows, cols, group, dtype):
+        check_grouped_against_reference(rows, cols, group, dtype, "cpu")
+
+    def test_grouped_launch_of_strided_weights(self):
+        check_grouped_against_reference(12, 90, 32, torch.bfloat16, "cpu", transpose=True)
+
+    def test_grouped_straight_through(self, monkeypatch):
+        check_group_straight_through(monkeypatch, "cpu")
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
     def test_reciprocal_scale_like_cuda_torch(self, monkeypatch, dtype):
@@ -251,6 +342,17 @@ class TestInt4KernelOnGPU:
     def test_torch_division_rule_is_known(self):
         assert fused.torch_level_division("cuda", LEVEL) in ("divide", "reciprocal")
 
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    @pytest.mark.parametrize("rows,cols,group", [(2048, 2048, 128), (1408, 2048, 96)] + SHAPES)
+    def test_grouped_launch_equals_the_reference_for_every_expert(self, rows, cols, group, dtype):
+        check_grouped_against_reference(rows, cols, group, dtype, "cuda", experts=8)
+
+    def test_grouped_launch_of_strided_weights(self):
+        check_grouped_against_reference(12, 90, 32, torch.bfloat16, "cuda", transpose=True)
+
+    def test_grouped_straight_through(self, monkeypatch):
+        check_group_straight_through(monkeypatch, "cuda")
+
 
 @pytest.mark.gpu
 class TestInt4KernelInTEGroupedLinear:
@@ -287,7 +389,12 @@ class TestInt4KernelInTEGroupedLinear:
         ).cuda()  # fmt: skip
         stored = [getattr(layer, f"weight{i}") for i in range(experts)]
         assert all(w.dtype == torch.bfloat16 and w.is_cuda for w in stored)
+        launches = []
+        real = fused.int4_quantize_dequantize_triton_grouped
+        monkeypatch.setattr(fused, "int4_quantize_dequantize_triton_grouped",
+                            lambda ws, *a: launches.append(len(ws)) or real(ws, *a))  # fmt: skip
         fed = layer._get_weight_tensors()
+        assert launches == [experts]  # the experts' weights in one launch
         for w, q in zip(stored, fed):
             assert_bit_identical(q.detach(), qat.int4_quantize_dequantize(w, group))
 
