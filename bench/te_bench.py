@@ -180,7 +180,7 @@ def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
     try:
         cores = cpu_slices(len(names), gpu, args)
         for i, name in enumerate(names):
-            root = upstream if CONFIGS[name]["impl"] == "upstream" else ROOT
+            root = upstream if CONFIGS[name]["impl"] == "upstream" else fork_root(args)
             workers[name] = Worker(name, worker_args, root, gpu, port_base + i, log_dir, cores[i])
         # Imports and builds overlap, warm-ups too; measuring starts once all are ready.
         for name, w in workers.items():
@@ -331,6 +331,14 @@ def write_docs(payload):
     DOCS.write_text(text)
 
 
+def fork_root(args):
+    """Where the fork's workers import megatron from: --fork-root, else this checkout."""
+    root = Path(getattr(args, "fork_root", None) or ROOT).resolve()
+    if not (root / "megatron" / "core").is_dir():
+        raise SystemExit(f"--fork-root {root} holds no megatron/core")
+    return root
+
+
 def clock_note(window):
     """'@1980MHz' after a window's median when the worker could read the SM clock."""
     clock = window.get("gpu_state", {}).get("sm_clock_mhz")
@@ -398,6 +406,8 @@ def main(argv=None):
     p.add_argument("--routing", default="balanced", choices=["balanced", "learned"],
                    help="balanced: the same balanced expert assignment every step and process")  # fmt: skip
     p.add_argument("--upstream", help="source root of pristine upstream megatron-core (holding megatron/)")
+    p.add_argument("--fork-root", help="source root holding the fork's megatron/ (default: this checkout; "
+                   "e.g. the upstream-main line's tree, against --upstream = upstream main)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)

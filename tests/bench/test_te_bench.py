@@ -46,3 +46,15 @@ def test_clock_correlation_needs_a_clock_that_moved():
 def test_clock_note_names_the_clock_only_when_read():
     assert te_bench.clock_note(window([1], 1755)) == "@1755MHz"
     assert te_bench.clock_note(window([1])) == ""
+
+
+def test_fork_root_defaults_to_this_checkout_and_must_hold_megatron_core(tmp_path):
+    class Args:
+        fork_root = None
+
+    assert te_bench.fork_root(Args()) == te_bench.ROOT.resolve()
+    Args.fork_root = str(tmp_path)
+    with pytest.raises(SystemExit, match=f"--fork-root {tmp_path} holds no megatron/core"):
+        te_bench.fork_root(Args())
+    (tmp_path / "megatron" / "core").mkdir(parents=True)
+    assert te_bench.fork_root(Args()) == tmp_path.resolve()
