@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
+from bench.impl_path import ENV as IMPL_ENV  # noqa: E402
 from bench.scenarios import COMPARISONS  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -55,6 +56,7 @@ def upstream_tree(tmp: Path) -> Path:
 def start_worker(impl_root: Path, impl: str, scenario: str, args, gpu=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(impl_root), str(ROOT)])
+    env[IMPL_ENV] = str(impl_root)  # the worker imports megatron from there (bench/impl_path.py)
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     if gpu is not None:

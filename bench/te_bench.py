@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
+from bench.impl_path import ENV as IMPL_ENV  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 TE_MHC_LINE = re.compile(r"^TE mHC overhead \(4 streams\): .*$", re.M)
@@ -115,8 +116,7 @@ class Worker:
     """One configuration's process; ``request`` sends a command and waits for its RESULT line."""
 
     def __init__(self, name, args, impl_root, gpu, port, log_dir, cpus=None):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(impl_root), str(ROOT), env.get("PYTHONPATH", "")])
+        env = worker_env(impl_root)
         env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(port)
         env["PYTHONUNBUFFERED"] = "1"
         if gpu is not None:
@@ -331,6 +331,14 @@ def write_docs(payload):
     DOCS.write_text(text)
 
 
+def worker_env(impl_root):
+    """A worker's environment: it imports megatron from ``impl_root`` (bench/impl_path.py)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(impl_root), str(ROOT), env.get("PYTHONPATH", "")])
+    env[IMPL_ENV] = str(impl_root)
+    return env
+
+
 def fork_root(args):
     """Where the fork's workers import megatron from: --fork-root, else this checkout."""
     root = Path(getattr(args, "fork_root", None) or ROOT).resolve()
@@ -482,7 +490,8 @@ def main(argv=None):
     if line:
         print(line)
     for name, corr in payload.get("clock_correlation", {}).items():
-        print(f"window median vs SM clock, {name}: correlation {corr}")
+        if corr is not None:
+            print(f"window median vs SM clock, {name}: correlation {corr}")
     if args.write_docs:
         write_docs(payload)
     return 0

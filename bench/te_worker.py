@@ -35,6 +35,7 @@ if os.environ.get("BENCH_CPUS"):
 
 import torch  # noqa: E402
 
+from bench.impl_path import import_megatron_from_env  # noqa: E402
 from bench.worker import batch, gib, setup_distributed, sync
 
 ENV_PINS = {
@@ -253,6 +254,7 @@ def main():
     args = json.loads(ns.json_args)
     for key, value in ENV_PINS.items():
         os.environ.setdefault(key, value)
+    import_megatron_from_env()  # before bench.te_bench, which puts the checkout first on the path
     from bench.te_bench import CONFIGS
 
     trainer = Trainer(args, CONFIGS[ns.config])

@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from bench.impl_path import import_megatron_from_env
+
 
 def setup_distributed(device):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -16,6 +18,12 @@ def setup_distributed(device):
         from tests.unit_tests import cpu_compat
 
         cpu_compat.install()
+        try:  # the fork's own stand-ins also cover CUDA streams (its layers open some)
+            from megatron.core.cpu_harness import install_cuda_stand_ins
+        except ImportError:  # pristine upstream has no harness
+            pass
+        else:
+            install_cuda_stand_ins()
     else:
         torch.cuda.set_device(0)
     torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
@@ -172,6 +180,7 @@ def main():
     ns = p.parse_args()
     args = json.loads(ns.json_args)
     args.update(impl=ns.impl, scenario=ns.scenario)
+    import_megatron_from_env()
     from bench.scenarios import SCENARIOS
 
     result = measure(args, SCENARIOS[ns.scenario])
