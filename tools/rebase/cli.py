@@ -44,6 +44,13 @@ def _cmd_check(args, lay):
     return 0
 
 
+def _cmd_seed(args, lay):
+    from tools.rebase.stack.seed import seed_line
+
+    seed_line(lay)
+    return 0
+
+
 def _cmd_list(args, lay):
     from tools.rebase.proof.listing import patch_table, update_readme
 
@@ -156,6 +163,8 @@ def build_parser():
                    help="run J patches (or mutants) at once, each in its own scratch copy; same "
                         "verdicts, printed in the same order, as --jobs 1 (default 1)")
     p.set_defaults(func=_cmd_prove)
+    p = add_command(sub, "seed", help="make a line's series, patches and pin the release line's (keeping its own)")
+    p.set_defaults(func=_cmd_seed)
     register_bump_and_report(sub)  # they live in bump_cli.py
     return parser
 

@@ -57,6 +57,16 @@ _COMMANDS = {
         "first time); re-running Tests: of resolved patches adds their test time; a --dry-run onto "
         "a far upstream, a few minutes.",
     ),
+    "seed": (
+        "Refresh a line's starting point from the release line (needs --line NAME): its series, "
+        "patch files and pin become the release line's, keeping the line's resolutions/, proof "
+        "record, report and the Tests: ids only the line's patches name; then run `bump --line "
+        "NAME --onto <its base>`. Refuses when the line holds patches the release line lacks, a "
+        "bump is in progress on it, or it has unexported work.",
+        "lines/NAME/upstream.toml, lines/NAME/patches/series and *.patch; the replaced files are "
+        "saved in .rebase/lines/NAME/seed-backup/.",
+        "under a second.",
+    ),
     "report": (
         "Regenerate the review report of the last bump, or compare two stacks (--repo with git "
         "ranges, or --old/--new commits of this checkout's patches/).",

@@ -1,0 +1,160 @@
+"""``seed --line NAME``: make a line's series, patch files and pin the release line's, the first
+step of refreshing the line (then ``bump --line NAME --onto ...``, which replays them onto the
+line's base with its recorded resolutions).
+
+Why a command: copying the files by hand dropped what only the line's patches said. A line adds
+``Tests:`` ids for code that exists on its base alone (upstream main's mHC layer, say), and the
+refresh from the release line lost them. Kept: the line's ``resolutions/``, proof record, report
+and every ``Tests:`` id its version of a patch names that the release line's does not. Refused: a
+line holding patches the release line lacks (they would be lost), a bump in progress on the line,
+unexported work in its work repo, and patch files edited since its last apply or export. The files
+it replaces are saved under the line's state directory first; a failure while writing puts them back.
+"""
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.lock import locked
+from tools.rebase.stack.series import _patch_break, _refuse_link, parse_patch, read_series
+from tools.rebase.stack.state import changed_patch_files, read_state
+from tools.rebase.stack.workrepo import guard_work_repo, refuse_during_bump
+
+
+@dataclasses.dataclass
+class Seeded:
+    patches: int
+    kept_tests: dict  # Patch-Name -> the line-only Tests: ids carried over
+    backup: Path
+
+
+def add_test_ids(text: str, ids: list, where: str) -> str:
+    """``text`` of a format-patch file with ``ids`` appended, one per folded line, to the last
+    ``Tests:`` trailer of its message (which ends where ``git am`` starts reading the patch)."""
+    lines = text.split("\n")
+    end = next((i for i, line in enumerate(lines) if _patch_break(line)), None)
+    starts = [i for i, line in enumerate(lines[:end]) if line.startswith("Tests:")]
+    if end is None or not starts:
+        raise RebaseError(f"{where}: no 'Tests:' trailer in its message to add the line's ids to")
+    i = starts[-1] + 1
+    while i < end and lines[i][:1] in (" ", "\t") and lines[i].strip():
+        i += 1
+    return "\n".join(lines[:i] + [f" {t}" for t in ids] + lines[i:])
+
+
+def _stack_of(layout):
+    """``[(file name, PatchFile)]`` of a line's series (every listed file parsed, links refused)."""
+    if not layout.series.is_file():
+        return []
+    return [(name, parse_patch(layout.patches / name)) for name in read_series(layout.series).names]
+
+
+def _refuse_links(release, line) -> None:
+    """Nothing is read through, or written through, a link a pull request committed."""
+    for path in (release.pin, release.series, line.pin, line.series, line.patches):
+        _refuse_link(path)
+    if line.patches.is_dir():
+        for path in line.patches.glob("*.patch"):
+            _refuse_link(path)
+
+
+def _refuse_losing_work(line) -> None:
+    refuse_during_bump(line, "seed")
+    state = read_state(line)
+    guard_work_repo(line, state)
+    changed = changed_patch_files(line, state)
+    if changed:
+        raise RebaseError(
+            f"{line.patches} changed since the line's last apply or export: {', '.join(changed)}; "
+            f"seed would replace them. Export or restore them first. Nothing was written."
+        )
+
+
+def seeded_files(release, line) -> tuple:
+    """What the line's patches/ gets: ``{file name: text}`` (series included) and the kept ids."""
+    line_patches = {p.name: p for _, p in _stack_of(line)}
+    release_stack = _stack_of(release)
+    release_names = {p.name for _, p in release_stack}
+    only_line = sorted(n for n in line_patches if n not in release_names)
+    if only_line:
+        raise RebaseError(
+            f"line {line.line!r} has patches the release line lacks: {', '.join(only_line)}; seed would "
+            f"lose them: add them to the release line first (or drop them from the line). Nothing was written."
+        )
+    files, kept = {}, {}
+    for file_name, patch in release_stack:
+        text = (release.patches / file_name).read_bytes().decode("utf-8")
+        mine = line_patches.get(patch.name)
+        extra = [t for t in (mine.tests if mine else []) if t not in patch.tests]
+        if extra:
+            text = add_test_ids(text, extra, f"{release.rel(release.patches / file_name)}")
+            kept[patch.name] = extra
+        files[file_name] = text
+    files["series"] = release.series.read_bytes().decode("utf-8")
+    return files, kept
+
+
+def _check_written(staging: Path, files: dict, kept: dict) -> None:
+    """Every seeded patch file parses, and names the ids it was meant to keep."""
+    for name, text in files.items():
+        if name == "series":
+            continue
+        (staging / name).write_text(text, encoding="utf-8")
+        patch = parse_patch(staging / name)
+        missing = [t for t in kept.get(patch.name, []) if t not in patch.tests]
+        if missing:
+            raise RebaseError(f"seed: {name} lost the line's Tests: ids {missing} (a tool bug); nothing was written")
+
+
+def seed_line(line, log=print) -> Seeded:
+    """Seed ``line`` (a named line's Layout) from the release line of the same checkout."""
+    if line.line is None:
+        raise RebaseError("seed copies the release line into a line: pass --line NAME")
+    release = dataclasses.replace(line, line=None)
+    with locked(line, "seed"):
+        _refuse_links(release, line)
+        _refuse_losing_work(line)
+        files, kept = seeded_files(release, line)
+        backup = line.state_dir / "seed-backup"
+        staging = line.state_dir / "seed-staging"
+        for path in (backup, staging):
+            if path.is_symlink() or path.exists():
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        staging.mkdir(parents=True)
+        _check_written(staging, files, kept)
+        backup.mkdir(parents=True)
+        old = [p for p in line.patches.glob("*.patch")] if line.patches.is_dir() else []
+        for path in old + [line.series, line.pin]:
+            if path.is_file():
+                shutil.copyfile(path, backup / path.name, follow_symlinks=False)
+        try:
+            line.patches.mkdir(parents=True, exist_ok=True)
+            for path in old:
+                if path.name not in files:
+                    path.unlink()
+            for name, text in files.items():
+                (line.patches / name).write_text(text, encoding="utf-8")
+            line.pin.write_bytes(release.pin.read_bytes())
+        except BaseException:
+            _restore(line, backup, files)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    count = len(files) - 1
+    log(f"seeded line {line.line!r} from the release line: {count} patches and the pin; kept its "
+        f"resolutions/, proof record and report"
+        + ("; kept its own Tests: ids: " + ", ".join(f"{n} ({len(ids)})" for n, ids in kept.items()) if kept else "")
+        + f"; the replaced files are in {line.rel(backup)}. Next: python -m tools.rebase bump"
+        f"{line.line_flag} --onto <the line's base>")
+    return Seeded(count, kept, backup)
+
+
+def _restore(line, backup: Path, files: dict) -> None:
+    """Put the saved series, patch files and pin back after a failed write."""
+    for name in files:
+        if name != "series" and not (backup / name).exists():
+            (line.patches / name).unlink(missing_ok=True)
+    for saved in backup.iterdir():
+        target = line.pin if saved.name == line.pin.name else line.patches / saved.name
+        shutil.copyfile(saved, target)
