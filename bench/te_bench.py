@@ -186,7 +186,8 @@ def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
         for name, w in workers.items():
             w.wait_ready()
             print(f"[{time.time() - started:6.1f}s] gpu {gpu} {name} ready after "
-                  f"{w.ready['warmup_steps']} warm-up steps", flush=True)  # fmt: skip
+                  f"{w.ready['warmup_steps']} warm-up steps (megatron {w.ready.get('version')} "
+                  f"from {w.ready.get('megatron')})", flush=True)  # fmt: skip
         for name in names:  # warm-up once more, alone on the GPU, before the rounds
             workers[name].request(f"measure {args.steps}")
         for r in range(args.rounds):

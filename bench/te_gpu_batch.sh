@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-UP=.upstream/megatron_core-0.19.2
+# The pristine upstream tree the fork is compared with; for the upstream-main line carry its
+# materialized tree as megatron/ (apply --line upstream-main) and upstream main's as UPSTREAM_TREE.
+UP=${UPSTREAM_TREE:-.upstream/megatron_core-0.19.2}
 TE_TESTS="tests/unit_tests/transformer/moe/test_router_replay_other_checkpoints.py
  tests/unit_tests/dist_checkpointing/test_te_extra_state_checkpoint_gpu.py
  tests/unit_tests/transformer/test_hyper_connection_te.py
