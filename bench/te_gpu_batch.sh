@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
-# Usage: bash bench/te_gpu_batch.sh STEP...   with STEP in: check, te-tests, suite, smoke, bench, upstream-tests, prove, mutants
+# Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, BATCH, ONLY, NO_RC, PROFILE)
+#   with STEP in: check, te-tests, suite, smoke, bench, upstream-tests, prove, mutants
 # Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
 # upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin);
 # mutants needs the pinned sdist in .upstream/cache/sdist/ (MUTANT_GROUPS: space-separated groups of patch
@@ -38,8 +39,9 @@ for step in "$@"; do
         --json "$OUT/smoke.json" 2>&1 | tail -25
       ;;
     bench)
+      # ONLY: comparisons to run (e.g. "fork-vs-upstream"); NO_RC=1 leaves out the full-recompute group.
       timeout ${BENCH_TIMEOUT:-540} python3 bench/te_bench.py --upstream $UP --rounds ${ROUNDS:-10} --steps ${STEPS:-8} \
-        --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
+        --batch ${BATCH:-4} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
     upstream-tests)
