@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -18,11 +19,13 @@ def setup_distributed(device):
         from tests.unit_tests import cpu_compat
 
         cpu_compat.install()
-        try:  # the fork's own stand-ins also cover CUDA streams (its layers open some)
+        import megatron.core
+
+        # The fork's own stand-ins also cover CUDA streams (its layers open some). Looked up in the
+        # imported tree itself: an editable install's finder would hand pristine upstream the fork's.
+        if (Path(megatron.core.__file__).parent / "cpu_harness.py").is_file():
             from megatron.core.cpu_harness import install_cuda_stand_ins
-        except ImportError:  # pristine upstream has no harness
-            pass
-        else:
+
             install_cuda_stand_ins()
     else:
         torch.cuda.set_device(0)

@@ -101,6 +101,7 @@ def test_te_bench_upstream_worker_runs_pristine_upstream(tmp_path):
     cmd = [sys.executable, "bench/te_bench.py", "--device", "cpu", "--spec", "local", "--layers", "1",
            "--hidden", "64", "--heads", "4", "--seq", "32", "--batch", "1", "--vocab", "128", "--steps", "1",
            "--rounds", "2", "--warmup-max", "2", "--warmup-window", "1", "--only", "fork-vs-upstream",
+           "--dispatcher", "allgather",  # upstream's alltoall dispatcher opens a CUDA stream
            "--no-recompute", "--upstream", str(upstream), "--log-dir", str(tmp_path), "--json", str(out_json)]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
