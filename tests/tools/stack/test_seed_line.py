@@ -99,14 +99,16 @@ def test_seed_needs_a_line_and_never_follows_a_link(fork, tmp_path):
 def test_a_failed_write_puts_the_line_back(fork, monkeypatch):
     line = release_and_stale_line(fork)
     before = line_files(line)
-    real = type(line.layout.pin).write_bytes
+    from tools.rebase.stack import seed
 
-    def fail_on_the_pin(self, data):
-        if self == line.layout.pin:
+    real = seed.write_file
+
+    def fail_on_the_pin(root, path, data, *args):
+        if path == line.layout.pin:
             raise OSError(28, "No space left on device")
-        return real(self, data)
+        return real(root, path, data, *args)
 
-    monkeypatch.setattr(type(line.layout.pin), "write_bytes", fail_on_the_pin)
+    monkeypatch.setattr(seed, "write_file", fail_on_the_pin)
     with pytest.raises(OSError):
         seed_line(line.layout)
     assert line_files(line) == before
@@ -126,3 +128,17 @@ def test_add_test_ids_appends_to_the_folded_trailer_and_refuses_a_patch_without_
     assert add_test_ids(text, ["t3"], "p").split("diff")[0].endswith("Tests: t1\n t2\n t3\n\n")
     with pytest.raises(RebaseError, match="p: no 'Tests:' trailer"):
         add_test_ids("From x\nSubject: s\n\nbody\n\ndiff --git a/f b/f\n", ["t3"], "p")
+
+
+def test_a_linked_backup_folder_is_replaced_not_written_through(fork, tmp_path):
+    line = release_and_stale_line(fork)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine\n")
+    backup = line.layout.state_dir / "seed-backup"
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    backup.symlink_to(outside, target_is_directory=True)
+    seeded = seed_line(line.layout, log=lambda *_: None)
+    assert seeded.backup == backup and backup.is_dir() and not backup.is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (backup / "upstream.toml").is_file()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.lock import locked
+from tools.rebase.git.safefs import makedirs, read_nofollow, write_file
 from tools.rebase.stack.series import _patch_break, _refuse_link, parse_patch, read_series
 from tools.rebase.stack.state import changed_patch_files, read_state
 from tools.rebase.stack.workrepo import guard_work_repo, refuse_during_bump
@@ -84,23 +85,23 @@ def seeded_files(release, line) -> tuple:
         )
     files, kept = {}, {}
     for file_name, patch in release_stack:
-        text = (release.patches / file_name).read_bytes().decode("utf-8")
+        text = read_nofollow(release.patches / file_name).decode("utf-8")
         mine = line_patches.get(patch.name)
         extra = [t for t in (mine.tests if mine else []) if t not in patch.tests]
         if extra:
             text = add_test_ids(text, extra, f"{release.rel(release.patches / file_name)}")
             kept[patch.name] = extra
         files[file_name] = text
-    files["series"] = release.series.read_bytes().decode("utf-8")
+    files["series"] = read_nofollow(release.series).decode("utf-8")
     return files, kept
 
 
-def _check_written(staging: Path, files: dict, kept: dict) -> None:
+def _check_written(root: Path, staging: Path, files: dict, kept: dict) -> None:
     """Every seeded patch file parses, and names the ids it was meant to keep."""
     for name, text in files.items():
         if name == "series":
             continue
-        (staging / name).write_text(text, encoding="utf-8")
+        write_file(root, staging / name, text)
         patch = parse_patch(staging / name)
         missing = [t for t in kept.get(patch.name, []) if t not in patch.tests]
         if missing:
@@ -118,24 +119,25 @@ def seed_line(line, log=print) -> Seeded:
         files, kept = seeded_files(release, line)
         backup = line.state_dir / "seed-backup"
         staging = line.state_dir / "seed-staging"
-        for path in (backup, staging):
-            if path.is_symlink() or path.exists():
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        staging.mkdir(parents=True)
-        _check_written(staging, files, kept)
-        backup.mkdir(parents=True)
-        old = [p for p in line.patches.glob("*.patch")] if line.patches.is_dir() else []
+        for path in (backup, staging):  # left by an earlier seed (never followed if a link)
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+        makedirs(line.root, staging)
+        _check_written(line.root, staging, files, kept)
+        makedirs(line.root, backup)
+        old = sorted(line.patches.glob("*.patch")) if line.patches.is_dir() else []
         for path in old + [line.series, line.pin]:
             if path.is_file():
-                shutil.copyfile(path, backup / path.name, follow_symlinks=False)
+                write_file(line.root, backup / path.name, read_nofollow(path))
         try:
-            line.patches.mkdir(parents=True, exist_ok=True)
             for path in old:
                 if path.name not in files:
                     path.unlink()
             for name, text in files.items():
-                (line.patches / name).write_text(text, encoding="utf-8")
-            line.pin.write_bytes(release.pin.read_bytes())
+                write_file(line.root, line.patches / name, text)
+            write_file(line.root, line.pin, read_nofollow(release.pin))
         except BaseException:
             _restore(line, backup, files)
             raise
@@ -157,4 +159,4 @@ def _restore(line, backup: Path, files: dict) -> None:
             (line.patches / name).unlink(missing_ok=True)
     for saved in backup.iterdir():
         target = line.pin if saved.name == line.pin.name else line.patches / saved.name
-        shutil.copyfile(saved, target)
+        write_file(line.root, target, read_nofollow(saved))
