@@ -120,6 +120,9 @@ def test_the_cli_seeds_a_line(fork, capsys):
     out = capsys.readouterr().out
     assert "seeded line 'next' from the release line: 2 patches" in out
     assert "kept its own Tests: ids: alpha-seven (1)" in out
+    old_pin = fork.layout.pin.read_text()  # the line's base was a copy of the release line's
+    commit = old_pin.split('commit = "')[1].split('"')[0]
+    assert f"bump --line next --onto git:{fork.upstream}@{commit}" in out
     assert parse_patch(line.layout.patches / "0001-alpha-seven.patch").tests == [OK, LINE_ONLY]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.lock import locked
 from tools.rebase.git.safefs import makedirs, read_nofollow, write_file
+from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import _patch_break, _refuse_link, parse_patch, read_series
 from tools.rebase.stack.state import changed_patch_files, read_state
 from tools.rebase.stack.workrepo import guard_work_repo, refuse_during_bump
@@ -148,8 +149,17 @@ def seed_line(line, log=print) -> Seeded:
         f"resolutions/, proof record and report"
         + ("; kept its own Tests: ids: " + ", ".join(f"{n} ({len(ids)})" for n, ids in kept.items()) if kept else "")
         + f"; the replaced files are in {line.rel(backup)}. Next: python -m tools.rebase bump"
-        f"{line.line_flag} --onto <the line's base>")
+        f"{line.line_flag} --onto {_onto_spec(backup / line.pin.name)}")
     return Seeded(count, kept, backup)
+
+
+def _onto_spec(saved_pin: Path) -> str:
+    """The ``--onto`` spec of the line's base before the seed (from its saved pin)."""
+    try:
+        pin = load_pin(saved_pin)
+    except (OSError, RebaseError):
+        return "<the line's base>"
+    return f"pypi:{pin.package}=={pin.version}" if pin.kind == "pypi" else f"git:{pin.url}@{pin.commit}"
 
 
 def _restore(line, backup: Path, files: dict) -> None:
