@@ -138,3 +138,39 @@ def test_a_stop_on_a_line_tells_how_to_continue_that_line(tmp_path, cache):
     with pytest.raises(Stopped) as stop:
         bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     assert "`python -m tools.rebase bump --line ahead --continue`" in str(stop.value)
+
+
+def test_seed_then_bump_refreshes_a_line_that_already_has_tool_state(tmp_path, cache):
+    """The refresh a maintainer runs when the release stack moved: ``seed --line`` over a line whose
+    work repo, state and recorded resolutions come from its own earlier bump, then ``bump --line``
+    onto that line's base. The recorded resolution is reused (no stop), the new release patch
+    arrives, the line-only Tests: id survives, and the release line is not touched."""
+    from tools.rebase.stack.seed import seed_line
+    from tools.rebase.stack.series import parse_patch, read_series
+
+    fork, line = fork_with_line_ahead(tmp_path)
+    line_only = "tests/test_dummy.py::test_only_on_the_line"
+    (fork.root / "tests" / "test_dummy.py").write_text(
+        "def test_ok():\n    assert True\n\n\ndef test_only_on_the_line():\n    assert True\n")
+    from tools.rebase.stack.workrepo import export
+
+    # the line's own tweak-beta names one more test: amended in its work repo and exported
+    message = sh("git", "log", "-1", "--format=%B", cwd=line.work).rstrip("\n")
+    assert message.endswith("tests/test_dummy.py::test_ok")
+    sh("git", "commit", "-q", "--amend", "-m", message + f"\n {line_only}\n", cwd=line.work)
+    export(line.layout, log=quiet)
+    fork.stack([("gamma-fork", {"megatron/core/gamma.py": replace_line("gamma line 3\n", "gamma line 3 fork\n")},
+                 None, "Why it exists.", "tests/test_dummy.py::test_ok")])
+    release_before = snapshot_release(fork)
+    seeded = seed_line(line.layout, log=quiet)
+    assert seeded.patches == 3 and seeded.kept_tests == {"tweak-beta": [line_only]}
+    logged = []
+    bump(line.layout, f"git:{fork.upstream}@v2", log=logged.append, test_runner=passing)
+    assert read_series(line.layout.series).names == read_series(fork.layout.series).names
+    patches = {p.name.split("-", 1)[1]: p for p in line.layout.patches.glob("0*.patch")}
+    assert "beta line 5 upstream and fork" in patches["tweak-beta.patch"].read_text()
+    assert parse_patch(patches["tweak-beta.patch"]).tests == ["tests/test_dummy.py::test_ok", line_only]
+    assert "gamma line 3 fork" in patches["gamma-fork.patch"].read_text()
+    assert f'commit = "{sh("git", "rev-parse", "v2", cwd=fork.upstream).strip()}"' in line.layout.pin.read_text()
+    assert any("recorded resolution" in str(m) for m in logged), logged
+    assert snapshot_release(fork) == release_before
