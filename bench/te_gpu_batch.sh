@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
-# Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, BATCH, ONLY, NO_RC, PROFILE)
-#   with STEP in: check, te-tests, suite, smoke, bench, upstream-tests, prove, mutants
+# Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, ONLY, NO_RC, PROFILE;
+#   +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2)
+#   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), smoke, bench, upstream-tests, prove, mutants
 # Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
 # upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin);
 # mutants needs the pinned sdist in .upstream/cache/sdist/ (MUTANT_GROUPS: space-separated groups of patch
@@ -30,8 +31,12 @@ for step in "$@"; do
     te-tests)
       timeout ${TE_TESTS_TIMEOUT:-240} python3 -m pytest $TE_TESTS -m gpu -p no:cacheprovider -rA -q -x 2>&1 \
         | tee "$OUT/te-tests.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Error" | tail -40 ;;
-    suite)
-      timeout ${SUITE_TIMEOUT:-480} bash tests/run_gpu_suite.sh 2>&1 | tee "$OUT/gpu-suite.log" \
+    suite|suite-fusions|suite-rest)
+      # With TE the whole suite takes ~9.5 min on one H200, more than one 600 s call: suite-fusions
+      # (the MLA RoPE kernel grid, ~400 s) and suite-rest (~170 s) split it in two calls.
+      paths=tests part=; [ "$step" = suite-fusions ] && paths=tests/unit_tests/fusions
+      [ "$step" = suite-rest ] && part=--ignore=tests/unit_tests/fusions
+      GPU_SUITE_PATHS=$paths timeout ${SUITE_TIMEOUT:-480} bash tests/run_gpu_suite.sh $part 2>&1 | tee "$OUT/$step.log" \
         | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40 ;;
     smoke)
       timeout ${SMOKE_TIMEOUT:-150} python3 bench/te_bench.py --upstream $UP --layers 2 --hidden 256 --heads 4 \
@@ -41,7 +46,7 @@ for step in "$@"; do
     bench)
       # ONLY: comparisons to run (e.g. "fork-vs-upstream"); NO_RC=1 leaves out the full-recompute group.
       timeout ${BENCH_TIMEOUT:-540} python3 bench/te_bench.py --upstream $UP --rounds ${ROUNDS:-10} --steps ${STEPS:-8} \
-        --batch ${BATCH:-4} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in 3 --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
+        --batch ${BATCH:-4} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in ${LEAD_IN:-3} --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
     upstream-tests)

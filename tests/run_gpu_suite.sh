@@ -19,4 +19,5 @@ PYEOF
 if [ ! -f megatron/core/package_info.py ]; then
     "$PY" -m tools.rebase apply || exit 2
 fi
-exec "$PY" -m pytest tests -m "gpu" -p no:cacheprovider -rA -q "$@"
+# GPU_SUITE_PATHS: the test paths (default tests/), e.g. one part of a suite split over calls.
+exec "$PY" -m pytest ${GPU_SUITE_PATHS:-tests} -m "gpu" -p no:cacheprovider -rA -q "$@"
