@@ -2,7 +2,7 @@
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
 # Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, ONLY, NO_RC, PROFILE;
 #   +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2)
-#   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), smoke, bench, upstream-tests, prove, mutants
+#   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), kernels, smoke, bench, upstream-tests, prove, mutants
 # Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
 # upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin);
 # mutants needs the pinned sdist in .upstream/cache/sdist/ (MUTANT_GROUPS: space-separated groups of patch
@@ -38,6 +38,13 @@ for step in "$@"; do
       [ "$step" = suite-rest ] && part=--ignore=tests/unit_tests/fusions
       GPU_SUITE_PATHS=$paths timeout ${SUITE_TIMEOUT:-480} bash tests/run_gpu_suite.sh $part 2>&1 | tee "$OUT/$step.log" \
         | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40 ;;
+    kernels)
+      # The mHC kernels at the bench model's shape: the shipped launch shapes, then the candidate
+      # input backward (bench/mhc_in_bwd_candidates.py) against the shipped one. No TE needed.
+      timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_kernels.py --tokens 16384 --impls fused --sweep 2>&1 \
+        | grep -v -i warn | tee "$OUT/mhc-kernels.txt" | tail -30
+      timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_in_bwd_candidates.py --tokens 16384 2>&1 \
+        | grep -v -i warn | tee "$OUT/mhc-in-bwd-candidates.txt" | tail -12 ;;
     smoke)
       timeout ${SMOKE_TIMEOUT:-150} python3 bench/te_bench.py --upstream $UP --layers 2 --hidden 256 --heads 4 \
         --seq 256 --batch 2 --vocab 1024 --steps 2 --rounds 1 --warmup-max 4 --log-dir /tmp/smoke \
