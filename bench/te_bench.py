@@ -51,6 +51,9 @@ R3 = {"moe_enable_routing_replay": True}
 RECLAIM = {"recompute_reclaim_inputs": True}
 # Selective mHC recompute: the connection math of every layer recomputed in its own backward.
 MHC_SELECTIVE = {"recompute_granularity": "selective", "recompute_modules": ["mhc"], "mhc_recompute_layer_num": 1}
+# Blocks of two layers: half the block entry streams kept (one [s, b, n*h] tensor per block), twice
+# the streams recomputed at once when a block's backward starts.
+MHC_SELECTIVE_2 = {**MHC_SELECTIVE, "mhc_recompute_layer_num": 2}
 
 # name -> implementation, config overrides, whether R3 replays recorded routing every step.
 CONFIGS = {
@@ -60,6 +63,7 @@ CONFIGS = {
     "fork+int4": {"impl": "fork", "config": INT4},
     "fork+r3": {"impl": "fork", "config": R3, "replay": True},
     "fork+mhc+sel": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE}},
+    "fork+mhc+sel2": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE_2}},
     "upstream/rc": {"impl": "upstream", "config": RECOMPUTE},
     "fork/rc": {"impl": "fork", "config": RECOMPUTE},
     "fork+mhc/rc": {"impl": "fork", "config": {**RECOMPUTE, **MHC}},
@@ -76,6 +80,7 @@ COMPARISONS = {
     "r3-replay": ("fork", "fork+r3", {"step": 1.02}),
     "mhc+sel": ("fork", "fork+mhc+sel", {"step": 1.10, "peak": 1.15}),
     "mhc-sel-vs-keep": ("fork+mhc", "fork+mhc+sel", {}),
+    "mhc+sel2": ("fork", "fork+mhc+sel2", {"step": 1.10, "peak": 1.15}),
     "fork-vs-upstream/rc": ("upstream/rc", "fork/rc", {"step": 1 / 0.99, "peak": 1.01}),
     "mhc/rc": ("fork/rc", "fork+mhc/rc", {"step": 1.10, "peak": 1.15}),
     "int4-qat/rc": ("fork/rc", "fork+int4/rc", {"step": 1.10}),
