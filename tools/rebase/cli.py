@@ -11,9 +11,31 @@ from tools.rebase.commands.helptext import add_command
 from tools.rebase.git.paths import layout as find_layout
 
 
+def _use_pin_mirror(args, lay) -> None:
+    """``--mirror PATH``: read the pinned git base's objects from a local clone, for a line pinned
+    to a repository this machine cannot reach (upstream ``main`` on a machine without GitHub). The
+    pin still names its URL and commit; the commit must be in the clone."""
+    if not getattr(args, "mirror", None):
+        return
+    from tools.rebase.stack.pin import load_pin
+    from tools.rebase.stack.source import use_mirror
+
+    pin = load_pin(lay.pin)
+    if pin.kind != "git":
+        raise RebaseError(f"--mirror goes with a git pin; {lay.rel(lay.pin)} pins kind = \"{pin.kind}\"")
+    use_mirror(pin.url, args.mirror)
+
+
+def _add_mirror(p) -> None:
+    p.add_argument("--mirror", metavar="PATH",
+                   help="read the pinned git base's objects from this local repository (a line pinned "
+                        "to a URL this machine cannot reach); the pin is unchanged")
+
+
 def _cmd_apply(args, lay):
     from tools.rebase.stack.workrepo import apply
 
+    _use_pin_mirror(args, lay)
     apply(lay, force=args.force)
     return 0
 
@@ -30,9 +52,12 @@ def _cmd_check(args, lay):
     from tools.rebase.git.lock import locked
     from tools.rebase.stack.workrepo import APPLY_LOCK_WAIT
 
+    if args.no_base and args.mirror:
+        raise RebaseError("--mirror and --no-base exclude each other (--no-base reads no base)")
     if args.no_base:  # reads the checkout only: no lock, no work repo
         problems = check_without_base(lay)
     else:
+        _use_pin_mirror(args, lay)
         with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
             problems = check(lay)
     for problem in problems:
@@ -104,6 +129,7 @@ def _cmd_prove(args, lay):
     from tools.rebase.proof.prove import prove, table
     from tools.rebase.proof.record import UNPROVEN, stack_digest_now, write_record
 
+    _use_pin_mirror(args, lay)
     if args.mutants is not None:
         return _cmd_prove_mutants(args, lay)
     if args.record and args.patches:
@@ -137,6 +163,7 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "apply", help="build the work repo (base + one commit per patch) and megatron/")
     p.add_argument("--force", action="store_true", help="discard unexported work-repo edits and local edits in megatron/")
+    _add_mirror(p)
     p.set_defaults(func=_cmd_apply)
     p = add_command(sub, "export", help="regenerate patches/ from the work repo's commits")
     p.add_argument("--replace-patches", action="store_true",
@@ -147,6 +174,7 @@ def build_parser():
     p.add_argument("--no-base", action="store_true",
                    help="lint the series, patch files, trailers and resolutions only, without the upstream "
                         "base (CI that cannot fetch a line's pin); apply and export are not verified")
+    _add_mirror(p)
     p.set_defaults(func=_cmd_check)
     p = add_command(sub, "list", help="print the patch table (Markdown)")
     p.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
@@ -162,6 +190,7 @@ def build_parser():
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="J",
                    help="run J patches (or mutants) at once, each in its own scratch copy; same "
                         "verdicts, printed in the same order, as --jobs 1 (default 1)")
+    _add_mirror(p)
     p.set_defaults(func=_cmd_prove)
     p = add_command(sub, "seed", help="make a line's series, patches and pin the release line's (keeping its own)")
     p.set_defaults(func=_cmd_seed)
