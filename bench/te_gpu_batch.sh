@@ -12,8 +12,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The pristine upstream tree the fork is compared with; for the upstream-main line carry its
-# materialized tree as megatron/ (apply --line upstream-main) and upstream main's as UPSTREAM_TREE.
+# The pristine upstream tree the fork is compared with. For the upstream-main line: build its trees
+# here with `bash bench/line_trees.sh MIRROR`, carry .linetree and .upstream-main, copy
+# .linetree/megatron over megatron/ on the GPU host (pytest and the bench import the checkout's
+# megatron/ first) and set UPSTREAM_TREE=.upstream-main.
 UP=${UPSTREAM_TREE:-.upstream/megatron_core-0.19.2}
 TE_TESTS="tests/unit_tests/transformer/moe/test_router_replay_other_checkpoints.py
  tests/unit_tests/dist_checkpointing/test_te_extra_state_checkpoint_gpu.py

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build the two trees a GPU run of the upstream-main line carries (bench/te_gpu_batch.sh):
+#   .linetree/megatron      the line applied (apply --line upstream-main), run as the fork
+#   .upstream-main/megatron upstream's own package at the line's pinned commit (UPSTREAM_TREE)
+# then re-apply the release line, so megatron/ is the release tree again.
+# Usage: bash bench/line_trees.sh MIRROR   (a local clone of NVIDIA/Megatron-LM holding the pin)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mirror=${1:?usage: bash bench/line_trees.sh MIRROR, a local clone holding the pinned commit}
+line=${LINE:-upstream-main}
+# The pin is checkout data: the tool's loader validates it (a full 40-hex commit id) before git sees it.
+commit=$(python3 -c "import sys; from tools.rebase.stack.pin import load_pin; p = load_pin(__import__('pathlib').Path(sys.argv[1])); assert p.kind == 'git', 'not a git pin'; print(p.commit)" "lines/$line/upstream.toml")
+python3 -m tools.rebase apply --line "$line" --mirror "$mirror"
+rm -rf .linetree .upstream-main && mkdir -p .linetree .upstream-main
+cp -r megatron .linetree/megatron
+git -C "$mirror" archive "$commit" -- megatron | tar -x -C .upstream-main
+python3 -m tools.rebase apply
+echo "line_trees: .linetree/megatron ($line) and .upstream-main/megatron ($commit); megatron/ is the release tree again"
