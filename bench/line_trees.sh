@@ -9,7 +9,13 @@ cd "$(dirname "$0")/.."
 mirror=${1:?usage: bash bench/line_trees.sh MIRROR, a local clone holding the pinned commit}
 line=${LINE:-upstream-main}
 # The pin is checkout data: the tool's loader validates it (a full 40-hex commit id) before git sees it.
-commit=$(python3 -c "import sys; from tools.rebase.stack.pin import load_pin; p = load_pin(__import__('pathlib').Path(sys.argv[1])); assert p.kind == 'git', 'not a git pin'; print(p.commit)" "lines/$line/upstream.toml")
+commit=$(python3 -c "
+import sys
+from pathlib import Path
+from tools.rebase.stack.pin import load_pin
+pin = load_pin(Path(sys.argv[1]))
+sys.exit(f'{sys.argv[1]}: pins kind = {pin.kind!r}, not a git commit') if pin.kind != 'git' else print(pin.commit)
+" "lines/$line/upstream.toml")
 python3 -m tools.rebase apply --line "$line" --mirror "$mirror"
 rm -rf .linetree .upstream-main && mkdir -p .linetree .upstream-main
 cp -r megatron .linetree/megatron
