@@ -39,6 +39,15 @@ def test_apply_of_an_unreachable_pin_needs_the_mirror_and_works_with_it(fork, tm
     assert main(["-C", str(fork.root), "check", "--line", "next", "--mirror", str(fork.upstream)]) == 0
 
 
+def test_check_of_an_unreachable_pin_on_a_fresh_machine_needs_the_mirror(fork, tmp_path, capsys):
+    """check imports the base itself (no earlier apply): without --mirror it cannot, with it it passes."""
+    unreachable_line(fork, tmp_path)
+    assert main(["-C", str(fork.root), "check", "--line", "next"]) == 1  # a problem found, not a usage error
+    assert "nowhere" in capsys.readouterr().err
+    assert main(["-C", str(fork.root), "check", "--line", "next", "--mirror", str(fork.upstream)]) == 0
+    assert "check: ok" in capsys.readouterr().out
+
+
 def test_prove_of_an_unreachable_pin_runs_with_the_mirror(fork, tmp_path, capsys):
     unreachable_line(fork, tmp_path)
     (fork.root / "tests" / "test_dummy.py").write_text(
