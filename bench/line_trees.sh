@@ -8,15 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mirror=${1:?usage: bash bench/line_trees.sh MIRROR, a local clone holding the pinned commit}
 line=${LINE:-upstream-main}
-# The pin is checkout data: the tool's loader validates it (a full 40-hex commit id) before git sees it.
-commit=$(python3 -c "
-import sys
-from pathlib import Path
-from tools.rebase.stack.pin import load_pin
-pin = load_pin(Path(sys.argv[1]))
-sys.exit(f'{sys.argv[1]}: pins kind = {pin.kind!r}, not a git commit') if pin.kind != 'git' else print(pin.commit)
-" "lines/$line/upstream.toml")
+# apply first: it refuses a linked pin or line folder (checkout data) before anything reads them.
 python3 -m tools.rebase apply --line "$line" --mirror "$mirror"
+# A git pin (apply --mirror refuses any other); the tool's loader validates its 40-hex commit.
+commit=$(python3 -c "import sys; from pathlib import Path; from tools.rebase.stack.pin import load_pin; print(load_pin(Path(sys.argv[1])).commit)" "lines/$line/upstream.toml")
 rm -rf .linetree .upstream-main && mkdir -p .linetree .upstream-main
 cp -r megatron .linetree/megatron
 git -C "$mirror" archive "$commit" -- megatron | tar -x -C .upstream-main

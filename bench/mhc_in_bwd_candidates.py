@@ -88,8 +88,11 @@ def _dw_kernel(
     tl.store(gw_ptr + split * C * D + cols[:, None] * D + ks[None, :], acc, mask=cmask[:, None] & kmask[None, :])
 
 
-def _bc(C):
-    return max(16, 1 << (C - 1).bit_length())
+def _np2_16(v):
+    """The next power of two, at least 16: the shipped kernels' ``_np2(v, 16)`` (tile sizes of tl.dot)."""
+    from megatron.core.transformer.hyper_connection_fused import _np2
+
+    return _np2(v, 16)
 
 
 def _prec(x):
@@ -107,7 +110,7 @@ def shipped(fused, a, n, add_gx=True):
     gw = torch.empty(splits, C, D, device=x.device, dtype=torch.float32)
     fused._in_bwd_kernel[(n, triton.cdiv(h, bh), splits)](
         x, w, a["gu"], a["hp"], a["gz"], a["rstd"], a["coef"], a["gxp"] if add_gx else x, gx, gw, T, h, C,
-        fused._GW_TOKENS, N=n, BT=fused._IN_BT, BH=bh, BC=_bc(C), num_warps=fused._IN_WARPS, ADD_GX=add_gx,
+        fused._GW_TOKENS, N=n, BT=fused._IN_BT, BH=bh, BC=_np2_16(C), num_warps=fused._IN_WARPS, ADD_GX=add_gx,
         PREC=_prec(x),
     )  # fmt: skip
     return gx, gw.sum(0)
@@ -120,17 +123,17 @@ def candidate(a, n, dx_shape=(32, 128, 4), dw_shape=(64, 64, 1024, 4), low=False
     T, D = x.shape
     h, C = D // n, w.shape[0]
     bt, bh, warps = dx_shape
-    bh = min(bh, max(16, 1 << (h - 1).bit_length()))
+    bh = min(bh, _np2_16(h))
     gx = torch.empty_like(x)
     _dx_kernel[(n, triton.cdiv(h, bh), triton.cdiv(T, bt))](
         x, w, a["gu"], a["hp"], a["gz"], a["rstd"], a["coef"], a["gxp"] if add_gx else x, gx, T, h, C,
-        N=n, BT=bt, BH=bh, BC=_bc(C), ADD_GX=add_gx, PREC=_prec(x), num_warps=warps,
+        N=n, BT=bt, BH=bh, BC=_np2_16(C), ADD_GX=add_gx, PREC=_prec(x), num_warps=warps,
     )  # fmt: skip
     wbt, bk, ts, wwarps = dw_shape
     splits = triton.cdiv(T, ts)
     gw = torch.empty(splits, C, D, device=x.device, dtype=torch.float32)
     _dw_kernel[(triton.cdiv(D, bk), splits)](
-        x, a["gz"], a["rstd"], gw, T, D, C, ts, BT=wbt, BK=bk, BC=_bc(C), LOW=low, PREC=_prec(x),
+        x, a["gz"], a["rstd"], gw, T, D, C, ts, BT=wbt, BK=bk, BC=_np2_16(C), LOW=low, PREC=_prec(x),
         num_warps=wwarps,
     )  # fmt: skip
     return gx, gw.sum(0)
@@ -193,7 +196,7 @@ def main():
         def run():
             _dx_kernel[(n, triton.cdiv(h, bh), triton.cdiv(T, bt))](
                 a["x"], a["w"], a["gu"], a["hp"], a["gz"], a["rstd"], a["coef"], a["gxp"], gx, T, h, C,
-                N=n, BT=bt, BH=bh, BC=_bc(C), ADD_GX=True, PREC="tf32", num_warps=warps,
+                N=n, BT=bt, BH=bh, BC=_np2_16(C), ADD_GX=True, PREC="tf32", num_warps=warps,
             )  # fmt: skip
 
         ms = gpu_ms(run)
