@@ -63,21 +63,20 @@ def sweep(fused, p, gout, n, iters):
     gx = torch.empty_like(x)
     hp, gz = torch.rand(T, n, **f32), torch.randn(T, C, **f32) * 1e-2
     rstd, coef = torch.rand(T, **f32), torch.rand(T, **f32) * 1e-3
-    for bt, bh, warps, ts, stages in [(32, 128, 4, 1024, 3), (32, 128, 4, 256, 3), (32, 64, 4, 256, 3),
-                                      (64, 64, 4, 512, 3), (16, 128, 4, 256, 3), (32, 128, 8, 512, 3),
-                                      (64, 128, 8, 1024, 3), (16, 64, 2, 128, 3), (32, 256, 8, 256, 3),
-                                      (32, 128, 4, 256, 1), (64, 128, 4, 512, 2)]:  # fmt: skip
-        splits = triton.cdiv(T, ts)
-        gw = torch.empty(splits, C, D, **f32)
-
+    for bt, bh, warps in [(32, 128, 4), (16, 128, 4), (64, 128, 4), (32, 64, 4), (32, 256, 8), (64, 64, 4)]:
         def run():
-            fused._in_bwd_kernel[(n, triton.cdiv(h, bh), splits)](
-                x, w, gu, hp, gz, rstd, coef, gxp, gx, gw, T, h, C, ts, N=n, BT=bt, BH=bh, BC=32,
-                num_warps=warps, num_stages=stages, ADD_GX=True, PREC="tf32",
+            fused._in_bwd_dx_kernel[(n, triton.cdiv(h, bh), triton.cdiv(T, bt))](
+                x, w, gu, hp, gz, rstd, coef, gxp, gx, T, h, C, N=n, BT=bt, BH=bh, BC=32,
+                num_warps=warps, ADD_GX=True, PREC="tf32",
             )  # fmt: skip
-            gw.sum(0)
 
-        print(f"sweep input bwd BT,BH,warps,tokens,stages={(bt, bh, warps, ts, stages)}: {gpu_ms(run) * 1e3:7.1f} us")
+        print(f"sweep input bwd dx BT,BH,warps={(bt, bh, warps)}: {gpu_ms(run) * 1e3:7.1f} us")
+    saved = (fused._GW_BT, fused._GW_BK, fused._GW_TOKENS)
+    for cfg in [(64, 128, 1024), (64, 128, 2048), (32, 128, 1024), (64, 64, 1024)]:
+        fused._GW_BT, fused._GW_BK, fused._GW_TOKENS = cfg
+        ms = gpu_ms(lambda: fused._weight_grad(x, gz, rstd, C, "tf32"))
+        print(f"sweep input bwd dW BT,BK,tokens={cfg}: {ms * 1e3:7.1f} us (with the sum)")
+    fused._GW_BT, fused._GW_BK, fused._GW_TOKENS = saved
     g_pre = torch.empty(T, n, **f32)
     for bt, bh, warps in [(4, 256, 4), (2, 256, 4), (8, 128, 4), (1, 1024, 4), (4, 512, 8), (16, 64, 4)]:
         def run():

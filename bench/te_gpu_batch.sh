@@ -42,11 +42,11 @@ for step in "$@"; do
         | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40 ;;
     kernels)
       # The mHC kernels at the bench model's shape: the shipped launch shapes, then the candidate
-      # input backward (bench/mhc_in_bwd_candidates.py) against the shipped one. No TE needed.
+      # combine backward (bench/mhc_post_bwd_candidates.py) against the shipped one. No TE needed.
       timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_kernels.py --tokens 16384 --impls fused --sweep 2>&1 \
         | grep -v -i warn | tee "$OUT/mhc-kernels.txt" | tail -30
-      timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_in_bwd_candidates.py --tokens 16384 2>&1 \
-        | grep -v -i warn | tee "$OUT/mhc-in-bwd-candidates.txt" | tail -12 ;;
+      timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_post_bwd_candidates.py --tokens 16384 2>&1 \
+        | grep -v -i warn | tee "$OUT/mhc-post-bwd-candidates.txt" | tail -12 ;;
     smoke)
       timeout ${SMOKE_TIMEOUT:-150} python3 bench/te_bench.py --upstream $UP --layers 2 --hidden 256 --heads 4 \
         --seq 256 --batch 2 --vocab 1024 --steps 2 --rounds 1 --warmup-max 4 --log-dir /tmp/smoke \
