@@ -332,6 +332,16 @@ class TestFusedKernelsInterpreter:
             T=130, n=2, h=8, dtype=torch.float32, device="cpu", tol=1e-5, impl=_impl_input
         )
 
+    def test_weight_gradient_ranges_not_a_multiple_of_the_tile(self, monkeypatch):
+        # Ranges of 40 tokens against tiles of 64: each range must stop at its own end, or the
+        # rows a tile reads past it are counted by two ranges.
+        assert fused._GW_BT % 40 != 0
+        monkeypatch.setattr(fused, "_GW_TOKENS", 40)
+        for impl in (_impl_all, _impl_input):
+            _compare_against_float64(
+                T=130, n=2, h=8, dtype=torch.float32, device="cpu", tol=1e-5, impl=impl
+            )
+
     def test_modules_fused_equal_native(self):
         # Both sides are float32 and sum in different orders: the scalar alpha gradients are sums
         # with cancellation, which differ by up to ~2e-5 relative between triton releases (3.9.0:
@@ -373,6 +383,14 @@ class TestFusedKernelsOnGPU:  # run on the H200
         for impl in (_impl_all, _impl_input):
             _compare_against_float64(
                 T=150, n=4, h=256, dtype=torch.float32, device="cuda", tol=5e-4, impl=impl
+            )
+
+    def test_weight_gradient_ranges_not_a_multiple_of_the_tile(self, monkeypatch):
+        # ranges of 100 tokens against tiles of 64 (see the interpreter test of the same name)
+        monkeypatch.setattr(fused, "_GW_TOKENS", 100)
+        for impl in (_impl_all, _impl_input):
+            _compare_against_float64(
+                T=250, n=4, h=256, dtype=torch.float32, device="cuda", tol=5e-4, impl=impl
             )
 
     def test_sinkhorn_extremes_finite_and_equal_to_native(self):
