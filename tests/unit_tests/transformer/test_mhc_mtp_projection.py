@@ -145,3 +145,39 @@ class TestMtpProjectionInHalves:
 
             layer.eh_proj = Adapter(proj)
         assert not mhc_multistream._projects_in_halves(layer)
+
+
+@pytest.mark.gpu
+class TestMtpProjectionInHalvesWithTE:  # run on the H200 with Transformer Engine
+    def setup_method(self, method):
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+        pytest.importorskip("transformer_engine")
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+    def test_te_eh_proj_is_projected_in_halves_with_the_module_result(self, dtype, tol):
+        from tests.unit_tests.transformer.test_hyper_connection_te import _build
+
+        torch.manual_seed(0)
+        cfg = mhc_mtp_config(use_cpu_initialization=True, params_dtype=dtype, bf16=dtype == torch.bfloat16)
+        layer = _build(cfg, te=True).to(dtype).mtp.layers[0]
+        assert type(layer.eh_proj).__name__ == "TEColumnParallelLinear"
+        assert mhc_multistream._projects_in_halves(layer)
+        multistream, decoder_input = (t.detach().cuda().to(dtype).requires_grad_() for t in _inputs(cfg))
+        halves = layer._concat_embeddings(multistream, decoder_input)
+        handle = layer.eh_proj.register_forward_hook(lambda *a: None)  # forces the module path
+        try:
+            module = layer._concat_embeddings(multistream, decoder_input)
+        finally:
+            handle.remove()
+        torch.testing.assert_close(halves.float(), module.float(), rtol=tol, atol=tol)
+        gen = torch.Generator().manual_seed(2)
+        grad = torch.randn(halves.shape, generator=gen).cuda().to(dtype)
+        got = torch.autograd.grad(halves, (multistream, decoder_input, layer.eh_proj.weight), grad)
+        want = torch.autograd.grad(module, (multistream, decoder_input, layer.eh_proj.weight), grad)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
