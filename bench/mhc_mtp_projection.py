@@ -9,6 +9,7 @@ against ``eh_proj`` on the ``[s, b*n, 2h]`` concat (the module path, forced by a
 """
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -27,12 +28,7 @@ def _layer(args):
     )
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    try:
-        import transformer_engine  # noqa: F401
-
-        te = True
-    except ImportError:
-        te = False
+    te = importlib.util.find_spec("transformer_engine") is not None
     cfg = TransformerConfig(
         num_layers=1, hidden_size=args.hidden, num_attention_heads=args.heads,
         ffn_hidden_size=args.hidden, num_moe_experts=8, moe_router_topk=2, mtp_num_layers=1,
