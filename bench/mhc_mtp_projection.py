@@ -10,7 +10,6 @@ against ``eh_proj`` on the ``[s, b*n, 2h]`` concat (the module path, forced by a
 
 import argparse
 import importlib.util
-import statistics
 import sys
 from pathlib import Path
 
@@ -43,18 +42,6 @@ def _layer(args):
     return model.cuda().bfloat16().mtp.layers[0], te
 
 
-def _time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), min(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seq", type=int, default=4096)
@@ -64,6 +51,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
+    from bench.mhc_kernels import time_ms
     from megatron.core.transformer import mhc_multistream
     from tests.unit_tests.test_utilities import Utils
 
@@ -88,7 +76,7 @@ def main():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        med, low = _time(step, args.repeats)
+        med, low, _ = time_ms(step, args.repeats)
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         if handle is not None:
             handle.remove()
