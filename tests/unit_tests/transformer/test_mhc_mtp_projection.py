@@ -147,6 +147,12 @@ class TestMtpProjectionInHalves:
         assert not mhc_multistream._projects_in_halves(layer)
 
 
+def _assert_close_to_scale(got, want, tol, what):
+    err = (got.double() - want.double()).abs().max().item()
+    scale = want.double().abs().max().item()
+    assert scale > 0 and err <= tol * scale, f"{what}: max error {err:.3g} > {tol} x max |value| {scale:.3g}"
+
+
 @pytest.mark.gpu
 class TestMtpProjectionInHalvesWithTE:  # run on the H200 with Transformer Engine
     def setup_method(self, method):
@@ -158,7 +164,10 @@ class TestMtpProjectionInHalvesWithTE:  # run on the H200 with Transformer Engin
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+    # TE runs fp32 GEMMs in TF32 on this GPU (the module path; the halves use torch's fp32 GEMMs),
+    # so errors are judged against each tensor's largest value: on the H200 the weight gradient
+    # (a sum over every token) differs by ~3e-4 of it in fp32; a wrong split is off by O(1).
+    @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
     def test_te_eh_proj_is_projected_in_halves_with_the_module_result(self, dtype, tol):
         from tests.unit_tests.transformer.test_hyper_connection_te import _build
 
@@ -174,10 +183,10 @@ class TestMtpProjectionInHalvesWithTE:  # run on the H200 with Transformer Engin
             module = layer._concat_embeddings(multistream, decoder_input)
         finally:
             handle.remove()
-        torch.testing.assert_close(halves.float(), module.float(), rtol=tol, atol=tol)
+        _assert_close_to_scale(halves, module, tol, "output")
         gen = torch.Generator().manual_seed(2)
         grad = torch.randn(halves.shape, generator=gen).cuda().to(dtype)
         got = torch.autograd.grad(halves, (multistream, decoder_input, layer.eh_proj.weight), grad)
         want = torch.autograd.grad(module, (multistream, decoder_input, layer.eh_proj.weight), grad)
-        for g, w in zip(got, want):
-            torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
+        for name, g, w in zip(("d streams", "d embedding", "d weight"), got, want):
+            _assert_close_to_scale(g, w, tol, name)
