@@ -357,6 +357,61 @@ def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache
     assert (fork.root / B).read_text() == materialized
 
 
+def _package_files(fork):
+    base = fork.layout.package
+    return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def _passing_runner_seeing(seen):
+    return lambda layout, name, ids: seen.append((layout.root / B).read_text()) or {i: "passed" for i in ids}
+
+
+def test_finished_bump_puts_back_the_tree_the_last_apply_built(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    before = _package_files(fork)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    seen, logs = [], []
+    bump_continue(fork.layout, log=logs.append, test_runner=_passing_runner_seeing(seen))
+    assert len(seen) == 1 and "beta line 5 both" in seen[0]  # the tests ran on the bumped tree
+    assert _package_files(fork) == before  # then megatron/ is what the last apply built again
+    assert "0+bump.testing" not in (fork.layout.package / "core" / "package_info.py").read_text()
+    assert any("apply` to materialize megatron/" in m for m in logs)
+    apply(fork.layout, log=quiet)
+    assert "beta line 5 both" in (fork.root / B).read_text()
+
+
+def test_bump_without_megatron_before_leaves_none_after(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    shutil.rmtree(fork.layout.package)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    seen = []
+    bump_continue(fork.layout, log=quiet, test_runner=_passing_runner_seeing(seen))
+    assert len(seen) == 1 and not fork.layout.package.exists()
+
+
+def test_hand_edits_to_the_tested_tree_survive_the_finish_with_a_warning(tmp_path, cache):
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 broken")
+    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    edited = fork.layout.package / "core" / "alpha.py"
+    edited.write_text(edited.read_text() + "# tried by hand\n")
+    logs = []
+    bump_continue(fork.layout, log=logs.append, run_tests=False, test_runner=no_runner)
+    assert edited.read_text().endswith("# tried by hand\n")
+    assert "beta line 5 broken" in (fork.root / B).read_text()
+    assert any("has edits made during the bump" in m and "alpha.py" in m for m in logs)
+
+
 def test_report_without_a_recorded_bump_says_what_to_do(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK[:1])

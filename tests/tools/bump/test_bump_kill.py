@@ -202,6 +202,8 @@ class World:
             if got != self.reference:
                 diff = sorted(k for k in set(got) | set(self.reference) if got.get(k) != self.reference.get(k))
                 problems.append(f"{label}: continue differs from the unkilled bump in {diff}")
+            if state_of(root)["megatron"] != self.pre_bump["megatron"]:
+                problems.append(f"{label}: megatron/ after the finished bump is not the tree the last apply built")
         except Exception as exc:  # noqa: BLE001
             problems.append(f"{label}: continue failed: {exc}")
         shutil.rmtree(root.parent, ignore_errors=True)

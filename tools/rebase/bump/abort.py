@@ -2,6 +2,7 @@
 
 from tools.rebase.bump import journal as jr
 from tools.rebase.bump.journal_records import CorruptJournal
+from tools.rebase.bump.package_copy import restore_package
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
 from tools.rebase.stack.materialize import local_edits, materialize
@@ -23,8 +24,8 @@ class AbortPhase:
         refuse_unmarked(jr.backup_dir(layout), BACKUP_MARKER, BACKUP_PURPOSE, f"Nothing was restored from "
                         f"it; remove {layout.rel(jr.bump_dir(layout))} and restore upstream.toml and patches/ with git.")
         jr.restore(layout)
-        if j is None or j.materialized:
-            self._rematerialize()
+        if (j is None or j.materialized) and not restore_package(layout, self.log):
+            self._rematerialize()  # a backup made by an older version of the tool holds no copy
         jr.finish(layout)
         self.log(f"bump onto {j.onto if j else '(unknown: journal unreadable)'} aborted: "
                  f"pin, patches/, report and work repo restored")

@@ -11,6 +11,7 @@ from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
 from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _describe, _to_branch, canonical_chain
+from tools.rebase.bump.package_copy import restore_package
 from tools.rebase.bump.prepare import _base_label, _pin_from_toml
 from tools.rebase.git.gitcmd import git
 from tools.rebase.git.safefs import write_file
@@ -92,6 +93,8 @@ class FinishPhase:
             data = report_job.result()
         write_report(data, layout.report_md, layout.report_json)
         self.hook("after-report")
+        if j.materialized and restore_package(layout, self.log):
+            self.hook("after-package-restore")
         jr.finish(layout)
         counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
         self.log(f"bump done: {_base_label(old_pin)} -> {_base_label(new_pin)}; {counts}; "

@@ -11,7 +11,7 @@ import signal
 
 KILL_ENV = "FORK_REBASE_KILL_AT"
 POINTS = ("after-backup", "after-import", "after-rebase", "after-pick", "after-record", "after-tests",
-          "after-pin", "after-export", "after-report")
+          "after-pin", "after-export", "after-report", "after-package-restore")
 _seen = {}
 
 

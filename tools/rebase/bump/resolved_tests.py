@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.bump.commits import _describe, _tests_of
+from tools.rebase.bump.package_copy import save_package
 from tools.rebase.bump.prepare import _refuse_package_edits
 from tools.rebase.bump.stopped import Stopped
 from tools.rebase.git.gitcmd import git
@@ -79,6 +80,8 @@ class ResolvedTests:
                                   "move them away (or `bump --continue --no-tests`)")
         git("checkout", "-q", "-f", "--detach", j.tip, cwd=work)
         if (work / "megatron").is_dir():
+            if not j.materialized:
+                save_package(self.layout)  # put back when the bump finishes or is aborted
             j.materialized = True
             self._save()
             materialize(work, self.layout.package, "0+bump.testing", force=True)

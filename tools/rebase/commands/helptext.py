@@ -51,7 +51,8 @@ _COMMANDS = {
         "everything exactly. "
         "--dry-run forecasts every stop by running the bump in a scratch copy.",
         "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, the README's "
-        "patch table, .rebase/, and megatron/ while re-running Tests: of resolved patches; "
+        "patch table, .rebase/, and megatron/ while re-running Tests: of resolved patches (put back "
+        "as it was when the bump ends; `apply` materializes the new stack); "
         "with --dry-run only --output/--json (and the download cache).",
         "tens of seconds for an sdist bump; a git bump also imports upstream history (longer the "
         "first time); re-running Tests: of resolved patches adds their test time; a --dry-run onto "
