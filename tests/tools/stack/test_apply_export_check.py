@@ -58,6 +58,24 @@ def test_materialized_version_is_stamped(fork):
     assert last.startswith("__version__ = '0.42.1+rl.2.")
 
 
+def test_apply_without_the_package_builds_the_work_repo_and_leaves_megatron_alone(fork):
+    two_patch_stack(fork)
+    two = fork.patch_files()
+    fork.add_patch("gamma-two", {"megatron/core/gamma.py": "G = 2\n"})
+    export(fork.layout, log=quiet)  # megatron/ is now the three-patch tree
+    before = {p: p.read_bytes() for p in sorted(fork.layout.package.rglob("*")) if p.is_file()}
+    for path in fork.layout.patches.glob("*.patch"):
+        path.unlink()
+    for name, data in two.items():
+        (fork.layout.patches / name).write_bytes(data)
+    sh("rm", "-rf", fork.layout.state_dir / "work", fork.layout.state_file, cwd=fork.root)
+    tip = apply(fork.layout, log=quiet, package=False)  # what a bump does before its backup
+    assert sh("git", "show", f"{tip}:megatron/core/gamma.py", cwd=fork.work) == "G = 1\n"
+    assert {p: p.read_bytes() for p in sorted(fork.layout.package.rglob("*")) if p.is_file()} == before
+    apply(fork.layout, log=quiet)  # the stack is applied now: a plain apply only writes megatron/
+    assert (fork.root / "megatron/core/gamma.py").read_text() == "G = 1\n"
+
+
 def test_second_apply_is_a_no_op(fork):
     two_patch_stack(fork)
     before = {p: p.stat().st_mtime_ns for p in (fork.root / "megatron").rglob("*.py")}

@@ -65,4 +65,4 @@ def _ensure_applied(layout) -> None:
         if state.get("digest") == current_digest(layout, patches):
             guard_work_repo(layout, state)  # clean, and HEAD is the stack last applied/exported
             return
-    apply(layout, log=lambda *_: None)
+    apply(layout, log=lambda *_: None, package=False)  # megatron/ is the bump's to keep as it was

@@ -89,12 +89,15 @@ def remove_stale_scratch(layout) -> None:
         git("worktree", "prune", cwd=layout.work, check=False)
 
 
-def apply(layout, force: bool = False, log=print) -> str:
+def apply(layout, force: bool = False, log=print, package: bool = True) -> str:
+    """Build the work repo from patches/ on the pin and materialize ``megatron/`` from it;
+    ``package=False`` builds the work repo only (a bump of a line, which must leave the shared
+    ``megatron/`` as the last real ``apply`` wrote it)."""
     with locked(layout, "apply", wait=APPLY_LOCK_WAIT):
-        return _apply(layout, force, log)
+        return _apply(layout, force, log, package)
 
 
-def _apply(layout, force: bool, log) -> str:
+def _apply(layout, force: bool, log, package: bool = True) -> str:
     refuse_during_bump(layout, "apply")
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
@@ -111,7 +114,7 @@ def _apply(layout, force: bool, log) -> str:
     head = rev_parse(work, "HEAD") if (work / ".git").exists() else None
     if state.get("digest") == digest and head and head == state.get("tip"):
         version = stamp_version(layout, work, digest, len(patches))
-        changed = materialize(work, layout.package, version, force=force)
+        changed = package and materialize(work, layout.package, version, force=force)
         if "patch_files" not in state:  # recorded by older versions of the tool: add the file digests
             write_state(layout, **state)
         log(f"up to date: {len(patches)} patches on {pin.display} ({version})"
@@ -124,13 +127,15 @@ def _apply(layout, force: bool, log) -> str:
     # repo's branch and the state still name the previous stack, so nothing is left half-moved.
     with commit_tree_copy(work, tip, layout.state_dir) as tree:
         version = stamp_version(layout, tree, digest, len(patches))
-        materialize(tree, layout.package, version, force=force)
+        if package:
+            materialize(tree, layout.package, version, force=force)
     if force and (work / ".git").exists():
         git("reset", "-q", "--hard", cwd=work)
         git("clean", "-q", "-fdx", cwd=work)
     git("checkout", "-q", "-f", "-B", BRANCH, tip, cwd=work)
     write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
-    log(f"applied {len(patches)} patches on {pin.display}: {BRANCH} = {tip[:12]}; megatron/ = {version}")
+    log(f"applied {len(patches)} patches on {pin.display}: {BRANCH} = {tip[:12]}"
+        + (f"; megatron/ = {version}" if package else f" ({version}; megatron/ left as it was)"))
     return tip
 
 
