@@ -21,6 +21,12 @@ def test_a_plain_name_selects_its_recompute_twin_unless_recompute_is_left_out():
     assert te_bench.groups_for(["mhc/rc"], recompute=True) == [["fork/rc", "fork+mhc/rc"]]
 
 
+def test_blocks_of_two_run_only_when_named():
+    plain, rc = te_bench.groups_for(None)
+    assert "fork+mhc+sel2" not in plain and "fork+mhc+sel" in plain and "upstream/rc" in rc
+    assert te_bench.groups_for(["mhc+sel2"]) == [["fork", "fork+mhc+sel2"]]
+
+
 def test_ratio_interval_is_the_geometric_mean_with_a_t_interval():
     mean, low, high = te_bench.ratio_interval([1.1, 1.2, 1.0])
     assert mean == pytest.approx(math.exp((math.log(1.1) + math.log(1.2)) / 3))
