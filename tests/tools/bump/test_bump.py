@@ -357,6 +357,16 @@ def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache
     assert (fork.root / B).read_text() == materialized
 
 
+def resolved_at_its_stop(tmp_path, resolution):
+    """A fork whose bump onto v2 stopped at beta.py's conflict, resolved with ``resolution``."""
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, resolution)
+    return fork
+
+
 def _package_files(fork):
     base = fork.layout.package
     return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
@@ -396,11 +406,7 @@ def test_bump_without_megatron_before_leaves_none_after(tmp_path, cache):
 
 
 def test_hand_edits_to_the_tested_tree_survive_the_finish_with_a_warning(tmp_path, cache):
-    fork = make_fork(tmp_path)
-    fork.stack(STACK)
-    upstream_v2(fork, conflict=True)
-    bump_stops(fork)
-    resolve_beta(fork, "beta line 5 broken")
+    fork = resolved_at_its_stop(tmp_path, "beta line 5 broken")
     with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     edited = fork.layout.package / "core" / "alpha.py"

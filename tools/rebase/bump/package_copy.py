@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tools.rebase.bump.journal import backup_dir
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
-from tools.rebase.stack.materialize import local_edits
+from tools.rebase.stack.materialize import local_edits, swap_in
 
 SAVED = "package"  # the copy of megatron/, in the backup folder
 ABSENT = "package.absent"  # megatron/ did not exist before the bump
@@ -72,11 +72,5 @@ def restore_package(layout, log) -> bool:
             shutil.rmtree(staging)
         return True
     shutil.copytree(saved, staging, symlinks=True)
-    if live.is_dir():
-        old = live.with_name(f"{live.name}.tmp-old-{os.getpid()}")
-        os.replace(live, old)
-        os.replace(staging, live)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, live)
+    swap_in(staging, live)
     return True

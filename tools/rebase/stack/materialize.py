@@ -138,6 +138,13 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
         shutil.rmtree(staging)
         return False
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=0, sort_keys=True))
+    swap_in(staging, target)
+    return True
+
+
+def swap_in(staging: Path, target: Path) -> None:
+    """Replace the folder ``target`` with the finished ``staging`` next to it: two renames, so a
+    kill leaves the old tree, the new one, or both (the ``.tmp-*`` leftovers the next run clears)."""
     if target.exists():
         old = target.with_name(f"{target.name}.tmp-old-{os.getpid()}")
         os.replace(target, old)
@@ -145,7 +152,6 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
         shutil.rmtree(old)
     else:
         os.replace(staging, target)
-    return True
 
 
 @contextlib.contextmanager
