@@ -357,14 +357,21 @@ def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache
     assert (fork.root / B).read_text() == materialized
 
 
-def resolved_at_its_stop(tmp_path, resolution):
-    """A fork whose bump onto v2 stopped at beta.py's conflict, resolved with ``resolution``."""
+def resolved_at_its_stop_keeping(tmp_path, resolution):
+    """A fork whose bump onto v2 stopped at beta.py's conflict, resolved with ``resolution``, and
+    its megatron/ files as they were before the bump began."""
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork, conflict=True)
+    before = _package_files(fork)
     bump_stops(fork)
     resolve_beta(fork, resolution)
-    return fork
+    return fork, before
+
+
+def resolved_at_its_stop(tmp_path, resolution):
+    """A fork whose bump onto v2 stopped at beta.py's conflict, resolved with ``resolution``."""
+    return resolved_at_its_stop_keeping(tmp_path, resolution)[0]
 
 
 def _package_files(fork):
@@ -377,12 +384,7 @@ def _passing_runner_seeing(seen):
 
 
 def test_finished_bump_puts_back_the_tree_the_last_apply_built(tmp_path, cache):
-    fork = make_fork(tmp_path)
-    fork.stack(STACK)
-    upstream_v2(fork, conflict=True)
-    before = _package_files(fork)
-    bump_stops(fork)
-    resolve_beta(fork, "beta line 5 both")
+    fork, before = resolved_at_its_stop_keeping(tmp_path, "beta line 5 both")
     seen, logs = [], []
     bump_continue(fork.layout, log=logs.append, test_runner=_passing_runner_seeing(seen))
     assert len(seen) == 1 and "beta line 5 both" in seen[0]  # the tests ran on the bumped tree
@@ -391,6 +393,22 @@ def test_finished_bump_puts_back_the_tree_the_last_apply_built(tmp_path, cache):
     assert any("apply` to materialize megatron/" in m for m in logs)
     apply(fork.layout, log=quiet)
     assert "beta line 5 both" in (fork.root / B).read_text()
+
+
+def test_tests_run_again_after_a_fix_still_give_back_the_pre_bump_tree(tmp_path, cache):
+    # The copy is taken once: the second test run (after a fix at the test stop) must not save
+    # the tree the first run wrote.
+    fork, before = resolved_at_its_stop_keeping(tmp_path, "beta line 5 broken")
+    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+        bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
+    assert "beta line 5 broken" in (fork.root / B).read_text()
+    text = (fork.work / B).read_text()
+    (fork.work / B).write_text(text.replace("beta line 5 broken", "beta line 5 both"))
+    sh("git", "commit", "-q", "-a", "--amend", "--no-edit", cwd=fork.work)
+    seen = []
+    bump_continue(fork.layout, log=quiet, test_runner=_passing_runner_seeing(seen))
+    assert len(seen) == 1 and "beta line 5 both" in seen[0]
+    assert _package_files(fork) == before
 
 
 def test_bump_without_megatron_before_leaves_none_after(tmp_path, cache):

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tools.rebase.bump.journal import backup_dir
+from tools.rebase.bump.journal import _remove, backup_dir
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
 from tools.rebase.stack.materialize import local_edits, swap_in
 
@@ -37,10 +37,7 @@ def save_package(layout) -> None:
     backup = _refuse_foreign_backup(layout)
     live = layout.package
     for stale in (backup / SAVED, backup / (SAVED + ".tmp"), backup / ABSENT):
-        if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale)
-        elif os.path.lexists(stale):
-            stale.unlink()
+        _remove(stale)
     if not live.is_dir():
         (backup / ABSENT).write_text("megatron/ did not exist before the bump\n")
         return
@@ -64,10 +61,9 @@ def restore_package(layout, log) -> bool:
             f"as is: `python -m tools.rebase apply{layout.line_flag} --force` rebuilds it")
         return True
     staging = live.with_name(f"{live.name}.tmp-restore-{os.getpid()}")
-    if staging.exists():
-        shutil.rmtree(staging)
+    _remove(staging)  # a leftover, or a link a checkout carried: unlinked, never followed
     if absent.is_file():
-        if live.is_dir():
+        if live.is_dir():  # renamed first: a kill mid-delete leaves a .tmp-* leftover, not half a tree
             os.replace(live, staging)
             shutil.rmtree(staging)
         return True

@@ -91,13 +91,13 @@ def remove_stale_scratch(layout) -> None:
 
 def apply(layout, force: bool = False, log=print, package: bool = True) -> str:
     """Build the work repo from patches/ on the pin and materialize ``megatron/`` from it;
-    ``package=False`` builds the work repo only (a bump of a line, which must leave the shared
-    ``megatron/`` as the last real ``apply`` wrote it)."""
+    ``package=False`` builds the work repo only (what a bump needs: it leaves ``megatron/``, which
+    every line shares, as the last plain ``apply`` wrote it)."""
     with locked(layout, "apply", wait=APPLY_LOCK_WAIT):
         return _apply(layout, force, log, package)
 
 
-def _apply(layout, force: bool, log, package: bool = True) -> str:
+def _apply(layout, force: bool, log, package: bool) -> str:
     refuse_during_bump(layout, "apply")
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
