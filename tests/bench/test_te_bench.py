@@ -64,3 +64,25 @@ def test_fork_root_defaults_to_this_checkout_and_must_hold_megatron_core(tmp_pat
         te_bench.fork_root(Args())
     (tmp_path / "megatron" / "core").mkdir(parents=True)
     assert te_bench.fork_root(Args()) == tmp_path.resolve()
+
+
+def test_rounds_of_several_gpus_pool_ratios_formed_within_each_gpu():
+    """With --nproc N each GPU runs its own copy of a group; a ratio pairs two windows of the same
+    GPU and round, so a GPU that is 50% slower (and holds twice the memory) shifts no ratio. Only
+    one-GPU machines have been lent so far: this is the multi-GPU bookkeeping on made-up windows."""
+
+    def at(ms, peak):
+        return {**window(ms), "peak_gib": peak, "steady_gib": peak}
+
+    per_gpu = {
+        "0": {"fork": [at([100, 102], 1.0), at([104], 1.0)], "fork+mhc": [at([110, 112.2], 1.3), at([114.4], 1.3)]},
+        "1": {"fork": [at([150], 2.0), at([156], 2.0)], "fork+mhc": [at([165], 2.6), at([171.6], 2.6)]},
+    }  # fmt: skip
+    rows = {r["comparison"]: r for r in te_bench.summarize(per_gpu)}
+    assert set(rows) == {"mhc"}
+    mhc = rows["mhc"]
+    assert mhc["rounds"] == 4
+    for value in mhc["step_ratio"]:
+        assert value == pytest.approx(1.1)
+    assert mhc["peak_ratio"] == pytest.approx(1.3) and mhc["steady_ratio"] == pytest.approx(1.3)
+    assert mhc["a_step_ms"] == pytest.approx((104 + 150) / 2)  # median of the four A windows
