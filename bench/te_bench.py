@@ -1,6 +1,8 @@
 """Benchmark with Transformer Engine layer specs: the fork against pinned upstream and the cost of
 each fork feature, with a 95% interval on every ratio (not a test). Built to resolve 2%; on one
-H200 with this host-bound TE step it reached +-5-8% in 10 rounds (docs/benchmarks.md says why).
+H200 with this host-bound TE step it reached +-5-8% in 10 rounds at micro-batch 2, +-3.5% in 8 at
+micro-batch 4, and +-0.5-1% in 6-10 rounds at hidden 4096, where the step is GPU-bound
+(docs/benchmarks.md says why).
 
 Why the older figures spread by +-20%: every process routed random tokens with its own router
 initialisation, so the MoE expert loads differed between configurations (and the fork and mHC

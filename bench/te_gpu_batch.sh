@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
-# Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, ONLY, NO_RC, PROFILE;
-#   +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2)
+# Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, HIDDEN, HEADS, ONLY, NO_RC,
+#   PROFILE; +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2; +-0.5-1% in 6-10 rounds at HIDDEN=4096 HEADS=32)
 #   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), kernels, smoke, bench, upstream-tests, prove, mutants
 # Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
 # upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin);
@@ -55,7 +55,7 @@ for step in "$@"; do
     bench)
       # ONLY: comparisons to run (e.g. "fork-vs-upstream"); NO_RC=1 leaves out the full-recompute group.
       timeout ${BENCH_TIMEOUT:-540} python3 bench/te_bench.py --upstream $UP --rounds ${ROUNDS:-10} --steps ${STEPS:-8} \
-        --batch ${BATCH:-4} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in ${LEAD_IN:-3} --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
+        --batch ${BATCH:-4} ${HIDDEN:+--hidden $HIDDEN} ${HEADS:+--heads $HEADS} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in ${LEAD_IN:-3} --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
     upstream-tests)
