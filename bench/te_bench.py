@@ -413,8 +413,10 @@ def collect(per_gpu, args, started, gpus, profiles, ready):
 
 
 def gpu_ids(args):
+    """The devices to run a copy of each group on. On CPU, ``--nproc N`` (N > 1) runs N copies
+    side by side as if on N GPUs: the multi-GPU bookkeeping, testable where no GPU is."""
     if args.device != "cuda":
-        return [None]
+        return list(range(args.nproc)) if args.nproc > 1 else [None]
     import torch
 
     n = torch.cuda.device_count()

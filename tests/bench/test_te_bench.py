@@ -1,6 +1,8 @@
 """The TE benchmark's bookkeeping, on made-up windows (no GPU): which groups a selection runs,
-the ratio interval, and the clock correlation that tells whether window shifts follow the GPU."""
+the ratio interval, the clock correlation that tells whether window shifts follow the GPU, and
+the pooling of several GPUs' rounds (also end to end, on CPU with simulated devices)."""
 
+import json
 import math
 
 import pytest
@@ -86,3 +88,26 @@ def test_rounds_of_several_gpus_pool_ratios_formed_within_each_gpu():
         assert value == pytest.approx(1.1)
     assert mhc["peak_ratio"] == pytest.approx(1.3) and mhc["steady_ratio"] == pytest.approx(1.3)
     assert mhc["a_step_ms"] == pytest.approx((104 + 150) / 2)  # median of the four A windows
+
+
+def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_path):
+    """End to end on CPU with two simulated devices (``--device cpu --nproc 2``): four worker
+    processes (two configurations x two devices) on a tiny local-spec model, rounds interleaved
+    per device, and one row pooling both devices' rounds."""
+    out = tmp_path / "bench.json"
+    argv = ["--device", "cpu", "--spec", "local", "--layers", "1", "--hidden", "32", "--heads", "2",
+            "--seq", "16", "--batch", "1", "--vocab", "64", "--steps", "1", "--rounds", "2",
+            "--warmup-max", "2", "--warmup-window", "1", "--lead-in", "0", "--only", "mhc",
+            "--no-recompute", "--nproc", "2", "--log-dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    assert te_bench.main(argv) == 0
+    payload = json.loads(out.read_text())
+    assert payload["meta"]["gpus"] == 2
+    assert set(payload["windows"]) == {"0", "1"}
+    for device in payload["windows"].values():
+        assert {name: [w["round"] for w in ws] for name, ws in device.items()} == {
+            "fork": [0, 1], "fork+mhc": [0, 1]}
+    (row,) = payload["rows"]
+    assert row["comparison"] == "mhc" and row["rounds"] == 4
+    # Every worker logged under its own device.
+    logs = {p.name for p in tmp_path.rglob("worker-*.log")}
+    assert logs == {f"worker-{te_bench.safe_name(n)}-gpu{d}.log" for n in ("fork", "fork+mhc") for d in (0, 1)}
