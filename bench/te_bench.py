@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -180,7 +181,22 @@ def cpu_slices(count, gpu, args):
     return [spare[i * width:(i + 1) * width] for i in range(count)]
 
 
-def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
+def free_ports(count):
+    """``count`` distinct TCP ports free on 127.0.0.1 right now, one per worker's single-rank
+    process group: fixed ports made two benches (or a bench and a test) on one host collide."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_group(names, args, upstream, gpu, ports, log_dir, started, out):
     """All rounds of one group of configurations on one GPU; fills ``out[name]`` with windows."""
     worker_args = {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs", "json_out")}
     workers = {}
@@ -188,7 +204,7 @@ def run_group(names, args, upstream, gpu, port_base, log_dir, started, out):
         cores = cpu_slices(len(names), gpu, args)
         for i, name in enumerate(names):
             root = upstream if CONFIGS[name]["impl"] == "upstream" else fork_root(args)
-            workers[name] = Worker(name, worker_args, root, gpu, port_base + i, log_dir, cores[i])
+            workers[name] = Worker(name, worker_args, root, gpu, ports[i], log_dir, cores[i])
         # Imports and builds overlap, warm-ups too; measuring starts once all are ready.
         for name, w in workers.items():
             w.wait_ready()
@@ -478,13 +494,15 @@ def main(argv=None):
         args.nproc_resolved = len(gpus)
         per_gpu = {str(g): {} for g in gpus}
         profiles, ready = {}, {}
-        for gi, group in enumerate(groups):
+        for group in groups:
             errors = []
+            # All of this group's ports at once, for every device's copy: no two workers share one.
+            ports = free_ports(len(group) * len(gpus))
 
-            def one(g, group=group, gi=gi):
+            def one(g, group=group, ports=ports):
+                mine = ports[gpus.index(g) * len(group):(gpus.index(g) + 1) * len(group)]
                 try:
-                    run_group(group, args, upstream, g, 31000 + 100 * gi + 20 * (g or 0), log_dir, started,
-                              per_gpu[str(g)])  # fmt: skip
+                    run_group(group, args, upstream, g, mine, log_dir, started, per_gpu[str(g)])
                 except Exception as e:  # reported below, after the other GPUs finish
                     errors.append(f"gpu {g}: {e}")
 

@@ -90,6 +90,18 @@ def test_rounds_of_several_gpus_pool_ratios_formed_within_each_gpu():
     assert mhc["a_step_ms"] == pytest.approx((104 + 150) / 2)  # median of the four A windows
 
 
+def test_free_ports_are_distinct_and_bindable():
+    """Each worker gets a port the OS reports free, not a fixed one: two benches on one host (or
+    a bench next to a test run) collided on the fixed 31000 range."""
+    import socket
+
+    ports = te_bench.free_ports(6)
+    assert len(set(ports)) == 6
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_path):
     """End to end on CPU with two simulated devices (``--device cpu --nproc 2``): four worker
     processes (two configurations x two devices) on a tiny local-spec model, rounds interleaved
