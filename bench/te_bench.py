@@ -16,7 +16,9 @@ the same round. The interval is a t-interval over the per-round log ratios.
 
 With several GPUs (``--nproc N``, default: all visible) every GPU runs its own copy of each
 group, one worker per configuration pinned to it, rounds in parallel; ratios are only formed
-within a GPU, so differences between GPUs cancel, and the rounds of all GPUs are pooled.
+within a GPU, so differences between GPUs cancel, and the rounds of all GPUs are pooled. On
+CPU, ``--nproc N`` runs N copies side by side as if on N GPUs (how the tests check that path, no
+machine with several GPUs having been lent yet). Workers take free ports, so benches can share a host.
 
     python bench/te_bench.py --upstream .upstream/megatron_core-0.19.2 --json te.json
     python bench/te_bench.py --from-json te.json --write-docs
