@@ -16,14 +16,13 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.mhc_kernels import sublayer  # noqa: E402
+from bench.mhc_kernels import cpu_ms, sublayer  # noqa: E402
 
 
 def inputs(T, n, h, seed=0):
@@ -39,16 +38,8 @@ def inputs(T, n, h, seed=0):
 
 
 def host_us(fn, calls):
-    """Wall time per call with no synchronisation inside the loop (microseconds)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t1 - t0) * 1e6 / calls, (t2 - t0) * 1e6 / calls
+    """Host time per call, no synchronisation inside the loop (microseconds)."""
+    return cpu_ms(fn, calls) * 1e3
 
 
 def pieces(fused, p, n, T, h, calls):
@@ -72,7 +63,7 @@ def pieces(fused, p, n, T, h, calls):
         ("_PreAggregate.apply (no grad)", lambda: fused._PreAggregate.apply(x, hp)),
     ]:
         with torch.no_grad():
-            print(f"  {name:52s} {host_us(fn, calls)[0]:7.1f} us")
+            print(f"  {name:52s} {host_us(fn, calls):7.1f} us")
 
 
 def main():
@@ -117,10 +108,9 @@ def main():
                 torch.cuda.set_sync_debug_mode("default")
             torch.cuda.synchronize()
         with torch.no_grad():
-            f_host, f_all = host_us(fwd, a.calls)
-        fb_host, fb_all = host_us(fwd_bwd, a.calls)
-        print(f"tokens {T:6d}: forward (no grad) host {f_host:7.1f} us/call (with the drain {f_all:7.1f});"
-              f" forward + backward host {fb_host:7.1f} us/call (with the drain {fb_all:7.1f})")  # fmt: skip
+            f_host = host_us(fwd, a.calls)
+        fb_host = host_us(fwd_bwd, a.calls)
+        print(f"tokens {T:6d}: forward (no grad) host {f_host:7.1f} us/call; forward + backward host {fb_host:7.1f} us/call")
         if a.cprofile and i == 0:
             pieces(fused, p, n, T, a.hidden, a.calls)
             from torch.profiler import ProfilerActivity, profile
