@@ -5,7 +5,8 @@ Why: with TE specs the model step is partly host-bound, so what the fused path c
 per sublayer counts as much as its kernels. At a tiny token count the GPU finishes each kernel
 before the next one is issued, so wall time per call is host time; the same at the bench shape
 shows whether the host ever waits for the GPU (a hidden synchronisation would make it equal the
-GPU time). ``--sync-check`` runs one call under ``torch.cuda.set_sync_debug_mode("error")``;
+GPU time). ``--sync-check`` runs one call under ``torch.cuda.set_sync_debug_mode("error")`` (a
+prototype in torch: it does not catch every synchronising call);
 ``--cprofile`` prints where the host time goes, by Python function.
 
     python bench/mhc_host_overhead.py --tokens 64 --cprofile
@@ -22,19 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.mhc_kernels import cpu_ms, sublayer  # noqa: E402
-
-
-def inputs(T, n, h, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    C = n * n + 2 * n
-    p = dict(
-        x=torch.randn(T, n * h, generator=g, **bf), w=torch.randn(C, n * h, generator=g, **bf) * 0.02,
-        b=torch.randn(C, generator=g, **bf), a_pre=torch.full((1,), 0.5, **bf),
-        a_post=torch.full((1,), 0.5, **bf), a_res=torch.full((1,), 0.5, **bf),
-    )  # fmt: skip
-    return {k: v.requires_grad_(True) for k, v in p.items()}, torch.randn(T, n * h, generator=g, **bf)
+from bench.mhc_kernels import cpu_ms, make_inputs, sublayer  # noqa: E402
 
 
 def host_us(fn, calls):
@@ -89,7 +78,7 @@ def main():
 
     n = a.streams
     for i, T in enumerate(a.tokens):
-        p, gout = inputs(T, n, a.hidden)
+        p, gout = make_inputs(T, n, a.hidden)
 
         def fwd():
             return sublayer(fused, p, n, a.iters)
@@ -103,7 +92,8 @@ def main():
             torch.cuda.set_sync_debug_mode("error")
             try:
                 fwd_bwd()
-                print("sync check: one fused sublayer forward + backward issued no synchronising call")
+                print("sync check: one fused sublayer forward + backward issued no synchronising call that the "
+                      "(prototype) sync debug mode detects")
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             torch.cuda.synchronize()

@@ -31,6 +31,20 @@ def sublayer(mod, p, n, iters, split=False):
     return mod.post_combine(p["x"], h_res, h_post, u * 0.5)
 
 
+def make_inputs(T, n, h, seed=0):
+    """One sublayer's leaves (streams, mapping weight and bias, the three alphas; bf16, requiring
+    grad) and an output gradient, at ``T`` tokens, ``n`` streams, hidden ``h``, on CUDA."""
+    C = n * n + 2 * n
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    p = dict(
+        x=torch.randn(T, n * h, generator=g, **bf), w=torch.randn(C, n * h, generator=g, **bf) * 0.02,
+        b=torch.randn(C, generator=g, **bf), a_pre=torch.full((1,), 0.5, **bf),
+        a_post=torch.full((1,), 0.5, **bf), a_res=torch.full((1,), 0.5, **bf),
+    )  # fmt: skip
+    return {k: v.requires_grad_(True) for k, v in p.items()}, torch.randn(T, n * h, generator=g, **bf)
+
+
 def gpu_ms(fn, calls=20):
     """GPU time per call of ``fn`` queued back to back (launch gaps hidden when GPU-bound)."""
     fn()
@@ -141,16 +155,7 @@ def main():
     from megatron.core.transformer import hyper_connection_fused as fused
 
     T, n, h = a.tokens, a.streams, a.hidden
-    C = n * n + 2 * n
-    g = torch.Generator(device="cuda").manual_seed(0)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    p = dict(
-        x=torch.randn(T, n * h, generator=g, **bf), w=torch.randn(C, n * h, generator=g, **bf) * 0.02,
-        b=torch.randn(C, generator=g, **bf), a_pre=torch.full((1,), 0.5, **bf),
-        a_post=torch.full((1,), 0.5, **bf), a_res=torch.full((1,), 0.5, **bf),
-    )  # fmt: skip
-    p = {k: v.requires_grad_(True) for k, v in p.items()}
-    gout = torch.randn(T, n * h, generator=g, **bf)
+    p, gout = make_inputs(T, n, h)
     stream_bytes = T * n * h * 2
     # fused minimum: fwd reads x three times, writes u and x'; bwd reads x, g, y and writes dx
     # (three times, summed by autograd) and dy -- counted in whole [T, n*h] / [T, h] passes.
