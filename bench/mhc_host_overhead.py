@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.mhc_kernels import cpu_ms, make_inputs, sublayer  # noqa: E402
+from bench.mhc_kernels import cpu_ms, fused_module, make_inputs, sublayer  # noqa: E402
 
 
 def host_us(fn, calls):
@@ -66,15 +66,7 @@ def main():
     ap.add_argument("--cprofile", action="store_true", help="profile the host at the first token count")
     ap.add_argument("--module-file", help="time this copy of hyper_connection_fused.py instead (a trial build)")
     a = ap.parse_args()
-    if a.module_file:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("mhc_fused_trial", a.module_file)
-        fused = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(fused)
-        print(f"module: {a.module_file}")
-    else:
-        from megatron.core.transformer import hyper_connection_fused as fused
+    fused = fused_module(a.module_file)
 
     n = a.streams
     for i, T in enumerate(a.tokens):

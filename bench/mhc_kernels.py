@@ -31,6 +31,22 @@ def sublayer(mod, p, n, iters, split=False):
     return mod.post_combine(p["x"], h_res, h_post, u * 0.5)
 
 
+def fused_module(module_file=None):
+    """The fused mHC module: the checkout's, or ``module_file`` (another build of
+    hyper_connection_fused.py, e.g. the one before a patch, to time both on one machine)."""
+    if not module_file:
+        from megatron.core.transformer import hyper_connection_fused
+
+        return hyper_connection_fused
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mhc_fused_trial", module_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    print(f"module: {module_file}")
+    return module
+
+
 def make_inputs(T, n, h, seed=0):
     """One sublayer's leaves (streams, mapping weight and bias, the three alphas; bf16, requiring
     grad) and an output gradient, at ``T`` tokens, ``n`` streams, hidden ``h``, on CUDA."""
@@ -72,29 +88,16 @@ def sweep(fused, p, gout, n, iters):
         print(f"sweep proj fwd BT,BK,warps,stages={cfg}: {gpu_ms(lambda: fused._proj_forward(x, w, 1e-5)) * 1e3:7.1f} us")
     for k, v in saved.items():
         setattr(fused, k, v)
-    names = ("_IN_FWD_BT", "_IN_FWD_BK", "_IN_FWD_BH", "_IN_FWD_WARPS")
-    saved = {k: getattr(fused, k) for k in names}
-    args = (p["x"], p["w"], p["b"], p["a_pre"], p["a_post"], p["a_res"])
-    kw = dict(num_streams=n, sinkhorn_iters=iters, norm_eps=1e-5)
-    for cfg in [(16, 128, 128, 4), (16, 128, 256, 4), (16, 64, 128, 4), (32, 128, 128, 4), (32, 128, 128, 8), (16, 256, 128, 8)]:
-        for k, v in zip(names, cfg):
-            setattr(fused, k, v)
-        with torch.no_grad():
-            ms = gpu_ms(lambda: fused.mhc_input(*args, **kw))
-        print(f"sweep input fwd (one kernel) BT,BK,BH,warps={cfg}: {ms * 1e3:7.1f} us")
-    for k, v in saved.items():
-        setattr(fused, k, v)
     gu = torch.randn(T, h, device=x.device, dtype=x.dtype)
     gxp = torch.randn_like(x)
     gx = torch.empty_like(x)
     hp, gz = torch.rand(T, n, **f32), torch.randn(T, C, **f32) * 1e-2
-    h_res = torch.softmax(torch.randn(T, n, n, **f32), -1)
     rstd, coef = torch.rand(T, **f32), torch.rand(T, **f32) * 1e-3
     for bt, bh, warps in [(32, 128, 4), (16, 128, 4), (64, 128, 4), (32, 64, 4), (32, 256, 8), (64, 64, 4)]:
         def run():
             fused._in_bwd_dx_kernel[(n, triton.cdiv(h, bh), triton.cdiv(T, bt))](
-                x, w, gu, hp, gz, rstd, coef, gxp, h_res, gx, T, h, C, N=n, BT=bt, BH=bh, BC=32,
-                num_warps=warps, COMBINE=True, PREC="tf32",
+                x, w, gu, hp, gz, rstd, coef, gxp, gx, T, h, C, N=n, BT=bt, BH=bh, BC=32,
+                num_warps=warps, ADD_GX=True, PREC="tf32",
             )  # fmt: skip
 
         print(f"sweep input bwd dx BT,BH,warps={(bt, bh, warps)}: {gpu_ms(run) * 1e3:7.1f} us")
@@ -110,11 +113,11 @@ def sweep(fused, p, gout, n, iters):
             fused._pre_dh_kernel[(triton.cdiv(T, bt),)](x, gu, g_pre, T, h, N=n, NP=n, BT=bt, BH=bh, num_warps=warps)
 
         print(f"sweep pre dH BT,BH,warps={(bt, bh, warps)}: {gpu_ms(run) * 1e3:7.1f} us")
+    h_res = torch.softmax(torch.randn(T, n, n, **f32), -1)
     h_post = torch.rand(T, n, **f32)
 
     class Ctx:
         saved_tensors = (x, h_res, h_post, gu)
-        linked = True  # as in the model: the input node forms the combine's dx
 
     saved = (fused._STREAM_BT, fused._STREAM_BH)
     for bt, bh in [(4, 256), (2, 256), (8, 128), (2, 512), (1, 1024), (8, 256), (16, 64)]:
@@ -163,16 +166,18 @@ def main():
                     choices=["native", "fused-split", "fused"])  # fmt: skip
     ap.add_argument("--sweep", action="store_true", help="time launch shapes of the fused kernels")
     ap.add_argument("--profile", action="store_true", help="print a kernel-level torch.profiler table of fused fwd+bwd")
+    ap.add_argument("--module-file", help="time this copy of hyper_connection_fused.py as 'fused' (e.g. before a patch)")
     a = ap.parse_args()
     from megatron.core.transformer import hyper_connection as native
-    from megatron.core.transformer import hyper_connection_fused as fused
+
+    fused = fused_module(a.module_file)
 
     T, n, h = a.tokens, a.streams, a.hidden
     p, gout = make_inputs(T, n, h)
     stream_bytes = T * n * h * 2
-    # fused forward's HBM traffic: x read twice (the input kernel, which re-reads its rows from
-    # L2, and the combine), u and x' written, u (as y) read -- in [T, n*h] / [T, h] passes.
-    fwd_bytes = 2 * stream_bytes + stream_bytes + 2 * T * h * 2
+    # fused minimum: fwd reads x three times, writes u and x'; bwd reads x, g, y and writes dx
+    # (three times, summed by autograd) and dy -- counted in whole [T, n*h] / [T, h] passes.
+    fwd_bytes = 3 * stream_bytes + stream_bytes + 2 * T * h * 2
     print(f"tokens {T}, streams {n}, hidden {h}, bf16; one [T, n*h] pass = {stream_bytes / 2**20:.0f} MiB")
     for name in a.impls:
         mod, split = (native, False) if name == "native" else (fused, name == "fused-split")
@@ -198,7 +203,7 @@ def main():
         cpu = cpu_ms(fwd_bwd, 10)
         print(f"{name:11} fwd {f[0]:7.3f} ms ({f[1]:.3f}-{f[2]:.3f})  fwd+bwd {fb[0]:7.3f} ms "
               f"({fb[1]:.3f}-{fb[2]:.3f})  fwd+bwd queued {gpu:6.3f} ms, host {cpu:6.3f} ms  extra peak {peak:8.1f} MiB  "
-              f"fwd GB/s at the fused traffic {fwd_bytes / f[0] / 1e6:7.0f}")  # fmt: skip
+              f"fwd GB/s at the fused minimum {fwd_bytes / f[0] / 1e6:7.0f}")  # fmt: skip
 
     if a.sweep:
         sweep(fused, p, gout, n, a.iters)
