@@ -18,7 +18,8 @@ With several GPUs (``--nproc N``, default: all visible) every GPU runs its own c
 group, one worker per configuration pinned to it, rounds in parallel; ratios are only formed
 within a GPU, so differences between GPUs cancel, and the rounds of all GPUs are pooled. On
 CPU, ``--nproc N`` runs N copies side by side as if on N GPUs (how the tests check that path, no
-machine with several GPUs having been lent yet). Workers take free ports, so benches can share a host.
+machine with several GPUs having been lent yet). Each worker is a one-rank process group that
+needs no TCP port, so benches and tests can share a host.
 
     python bench/te_bench.py --upstream .upstream/megatron_core-0.19.2 --json te.json
     python bench/te_bench.py --from-json te.json --write-docs
@@ -31,7 +32,6 @@ import json
 import math
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -125,9 +125,8 @@ def ratio_interval(ratios):
 class Worker:
     """One configuration's process; ``request`` sends a command and waits for its RESULT line."""
 
-    def __init__(self, name, args, impl_root, gpu, port, log_dir, cpus=None):
+    def __init__(self, name, args, impl_root, gpu, log_dir, cpus=None):
         env = worker_env(impl_root)
-        env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(port)
         env["PYTHONUNBUFFERED"] = "1"
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -183,22 +182,7 @@ def cpu_slices(count, gpu, args):
     return [spare[i * width:(i + 1) * width] for i in range(count)]
 
 
-def free_ports(count):
-    """``count`` distinct TCP ports free on 127.0.0.1 right now, one per worker's single-rank
-    process group: fixed ports made two benches (or a bench and a test) on one host collide."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def run_group(names, args, upstream, gpu, ports, log_dir, started, out):
+def run_group(names, args, upstream, gpu, log_dir, started, out):
     """All rounds of one group of configurations on one GPU; fills ``out[name]`` with windows."""
     worker_args = {k: v for k, v in vars(args).items() if k not in ("from_json", "write_docs", "json_out")}
     workers = {}
@@ -206,7 +190,7 @@ def run_group(names, args, upstream, gpu, ports, log_dir, started, out):
         cores = cpu_slices(len(names), gpu, args)
         for i, name in enumerate(names):
             root = upstream if CONFIGS[name]["impl"] == "upstream" else fork_root(args)
-            workers[name] = Worker(name, worker_args, root, gpu, ports[i], log_dir, cores[i])
+            workers[name] = Worker(name, worker_args, root, gpu, log_dir, cores[i])
         # Imports and builds overlap, warm-ups too; measuring starts once all are ready.
         for name, w in workers.items():
             w.wait_ready()
@@ -498,13 +482,10 @@ def main(argv=None):
         profiles, ready = {}, {}
         for group in groups:
             errors = []
-            # All of this group's ports at once, for every device's copy: no two workers share one.
-            ports = free_ports(len(group) * len(gpus))
 
-            def one(g, group=group, ports=ports):
-                mine = ports[gpus.index(g) * len(group):(gpus.index(g) + 1) * len(group)]
+            def one(g, group=group):
                 try:
-                    run_group(group, args, upstream, g, mine, log_dir, started, per_gpu[str(g)])
+                    run_group(group, args, upstream, g, log_dir, started, per_gpu[str(g)])
                 except Exception as e:  # reported below, after the other GPUs finish
                     errors.append(f"gpu {g}: {e}")
 

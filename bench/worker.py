@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,8 +12,11 @@ from bench.impl_path import import_megatron_from_env
 
 
 def setup_distributed(device):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    """One-rank process group and Megatron's parallel state for a bench worker; returns the seed
+    function. The group meets through a process-local store, not TCP: a port picked ahead of
+    time can be taken before the worker binds it (by another bench or a test on the host, or by a
+    sibling worker's NCCL bootstrap, which ended a bench on the H200), and one rank has no one to
+    meet."""
     if device == "cpu":
         from tests.unit_tests import cpu_compat
 
@@ -29,7 +31,8 @@ def setup_distributed(device):
             install_cuda_stand_ins()
     else:
         torch.cuda.set_device(0)
-    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    backend = "nccl" if device == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 

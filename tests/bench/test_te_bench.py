@@ -4,6 +4,7 @@ the pooling of several GPUs' rounds (also end to end, on CPU with simulated devi
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -90,16 +91,30 @@ def test_rounds_of_several_gpus_pool_ratios_formed_within_each_gpu():
     assert mhc["a_step_ms"] == pytest.approx((104 + 150) / 2)  # median of the four A windows
 
 
-def test_free_ports_are_distinct_and_bindable():
-    """Each worker gets a port the OS reports free, not a fixed one: two benches on one host (or
-    a bench next to a test run) collided on the fixed 31000 range."""
+def test_worker_process_group_needs_no_port():
+    """A bench worker's one-rank group meets through a process-local store: with MASTER_PORT
+    naming a port another process already listens on (what ended a bench on the H200, a port
+    picked ahead of time taken before the worker bound it), it still starts."""
+    import os
     import socket
+    import subprocess
+    import sys
 
-    ports = te_bench.free_ports(6)
-    assert len(set(ports)) == 6
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", port))
+    root = Path(te_bench.__file__).resolve().parents[1]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(taken.getsockname()[1])}
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+        code = (
+            "import torch; from bench.worker import setup_distributed; setup_distributed('cpu')(1234); "
+            "print('world', torch.distributed.get_world_size())"
+        )
+        child = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "world 1" in child.stdout
 
 
 def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_path):
