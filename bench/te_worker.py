@@ -88,6 +88,10 @@ class Trainer:
         self.args = args
         self.device = args["device"]
         setup_distributed(self.device)(args["seed"])
+        if config.get("stand_in") == "mhc-floor":
+            from bench import mhc_floor
+
+            mhc_floor.install()
         torch.manual_seed(args["seed"])
         torch.backends.cudnn.benchmark = False
         self.model = build_te(args, config["config"])
