@@ -266,6 +266,14 @@ def main():
     ready.update(config=ns.config, megatron=__import__("megatron.core", fromlist=["x"]).__file__,
                  version=__import__("megatron.core", fromlist=["x"]).__version__, torch=torch.__version__,
                  device_name=torch.cuda.get_device_name(0) if args["device"] == "cuda" else "cpu")  # fmt: skip
+    # Which functions the fused mHC path ran: the kernels' module, a bench stand-in's, or none
+    # (a tree without mHC, such as pristine upstream).
+    try:
+        from megatron.core.transformer import hyper_connection_fused as fused_mhc
+
+        ready["mhc_functions"] = fused_mhc.mhc_input.__module__
+    except ImportError:
+        ready["mhc_functions"] = None
     print("READY " + json.dumps(ready), flush=True)
     for line in sys.stdin:
         words = line.split()
