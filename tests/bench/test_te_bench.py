@@ -138,3 +138,20 @@ def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_p
     # Every worker logged under its own device.
     logs = {p.name for p in tmp_path.rglob("worker-*.log")}
     assert logs == {f"worker-{te_bench.safe_name(n)}-gpu{d}.log" for n in ("fork", "fork+mhc") for d in (0, 1)}
+
+
+def test_floor_stand_in_runs_in_its_worker_only(tmp_path):
+    """``fork+mhc-floor`` (opt-in) runs the mHC model with bench/mhc_floor.py's functions, and only
+    its worker: the ready records name the module whose mHC functions ran."""
+    assert "fork+mhc-floor" not in {name for group in te_bench.groups_for(None) for name in group}
+    out = tmp_path / "bench.json"
+    argv = ["--device", "cpu", "--spec", "local", "--layers", "1", "--hidden", "32", "--heads", "2",
+            "--seq", "16", "--batch", "1", "--vocab", "64", "--steps", "1", "--rounds", "1",
+            "--warmup-max", "2", "--warmup-window", "1", "--lead-in", "0", "--only", "mhc-vs-floor",
+            "--no-recompute", "--log-dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    assert te_bench.main(argv) == 0
+    ready = json.loads(out.read_text())["ready"]
+    assert {name: r["mhc_functions"] for name, r in ready.items()} == {
+        "fork+mhc": "megatron.core.transformer.hyper_connection_fused",
+        "fork+mhc-floor": "bench.mhc_floor",
+    }
