@@ -69,6 +69,23 @@ def _cmd_check(args, lay):
     return 0
 
 
+def _cmd_tree(args, lay):
+    from pathlib import Path
+
+    from tools.rebase.git.lock import locked
+    from tools.rebase.proof.variant import build_variant
+    from tools.rebase.stack.workrepo import APPLY_LOCK_WAIT
+
+    _use_pin_mirror(args, lay)
+    with locked(lay, "tree", wait=APPLY_LOCK_WAIT):  # reads patches/ and the work repo's objects
+        variant = build_variant(lay, Path(args.out), upto=args.upto, without=args.without or ())
+    print(f"{Path(args.out) / 'megatron'}: the base and {len(variant.kept)} patch(es)"
+          + (f"; left out: {', '.join(variant.left_out)}" if variant.left_out else "")
+          + (f"; not applying without them, also left out: {', '.join(variant.not_applying)}"
+             if variant.not_applying else ""))
+    return 0
+
+
 def _cmd_seed(args, lay):
     from tools.rebase.stack.seed import seed_line
 
@@ -192,6 +209,12 @@ def build_parser():
                         "verdicts, printed in the same order, as --jobs 1 (default 1)")
     _add_mirror(p)
     p.set_defaults(func=_cmd_prove)
+    p = add_command(sub, "tree", help="materialize a variant of the stack (its first patches, or without some) in a new directory")
+    p.add_argument("out", metavar="DIR", help="a new or empty directory; DIR/megatron is written")
+    p.add_argument("--upto", metavar="PATCH", help="the series up to and including this patch (default: all)")
+    p.add_argument("--without", nargs="+", metavar="PATCH", help="leave these patches out")
+    _add_mirror(p)
+    p.set_defaults(func=_cmd_tree)
     p = add_command(sub, "seed", help="make a line's series, patches and pin the release line's (keeping its own)")
     p.set_defaults(func=_cmd_seed)
     register_bump_and_report(sub)  # they live in bump_cli.py

@@ -38,6 +38,14 @@ _COMMANDS = {
         "15 s to about a minute per patch on 2 cores; "
         "the whole stack, the sum over its patches.",
     ),
+    "tree": (
+        "Materialize a variant of the stack in a new or empty directory: the base plus the series "
+        "up to --upto, minus the --without patches (later patches that then fail to apply are left "
+        "out too and named), built as prove builds its trees. For measuring what patches do, e.g. "
+        "as a benchmark's --upstream or --fork-root.",
+        "DIR/megatron only; nothing in the checkout.",
+        "about as long as apply from scratch (a few seconds when the base is cached).",
+    ),
     "list": (
         "Print the patch table (Markdown) that the README carries.",
         "nothing, or README.md with --update-readme.",

@@ -235,7 +235,7 @@ def _build_importable(repo: Path, run: Path, start: str, later: list, version: s
         skip |= culprits
 
 
-def select(patches: list, wanted) -> list:
+def select(patches: list, wanted, command: str = "prove") -> list:
     """Indices of the patches named in ``wanted`` (Patch-Name, file name or number); all if empty."""
     if not wanted:
         return list(range(len(patches)))
@@ -244,7 +244,7 @@ def select(patches: list, wanted) -> list:
         hits = [i for i, p in enumerate(patches)
                 if want in (p.name, p.path.name, p.path.name[:4]) or want.lstrip("0") == str(i + 1)]
         if not hits:
-            raise RebaseError(f"prove: no patch in the series is named {want!r}")
+            raise RebaseError(f"{command}: no patch in the series is named {want!r}")
         out.extend(h for h in hits if h not in out)
     return sorted(out)
 
