@@ -65,7 +65,7 @@ class _Input(torch.autograd.Function):
 
 class _Combine(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, n):
+    def forward(ctx, x, y):
         h = y.shape[-1]
         out = x.clone()
         out[..., :h] += y
@@ -74,7 +74,7 @@ class _Combine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g, g[..., : ctx.h].contiguous(), None
+        return g, g[..., : ctx.h].contiguous()
 
 
 def mhc_input(x, mapping_weight, mapping_bias, alpha_pre, alpha_post, alpha_res, *, num_streams,
@@ -91,7 +91,7 @@ def post_combine(x: Tensor, h_res: Tensor, h_post: Tensor, y: Tensor) -> Tensor:
     """New streams from ``x`` and the sublayer output ``y`` (``y`` added to the first stream)."""
     link = getattr(h_res, "_mhc_floor_streams", None)
     src = link[1] if link is not None and link[0] is x else x
-    return _Combine.apply(src, y.to(x.dtype), h_post.shape[-1])
+    return _Combine.apply(src, y.to(x.dtype))
 
 
 def mhc_mappings(x, mapping_weight, mapping_bias, alpha_pre, alpha_post, alpha_res, *, num_streams,
