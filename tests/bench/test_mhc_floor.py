@@ -77,3 +77,17 @@ def test_install_replaces_the_fused_functions(monkeypatch):
     mhc_floor.install()
     for name in mhc_floor._NAMES:
         assert getattr(fused, name) is getattr(mhc_floor, name)
+
+
+def test_the_linked_combine_hands_the_streams_gradient_to_the_input_node():
+    # The bound counts one dx write per sublayer: the combine given the input node's x mixes the
+    # node's pass-through, so the streams' gradient reaches the node as it is (no second
+    # stream-sized gradient for autograd to add).
+    p = _leaves()
+    u, h_post, h_res = _input(mhc_floor, p)
+    seen = []
+    h_res._mhc_floor_streams[1].register_hook(lambda g: seen.append(g.detach().clone()))
+    out = mhc_floor.post_combine(p["x"], h_res, h_post, u)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    out.backward(g)
+    assert len(seen) == 1 and torch.equal(seen[0], g)
