@@ -432,8 +432,9 @@ def gpu_ids(args):
     return list(range(min(args.nproc or n, n)))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(p):
+    """The arguments that decide the model and the trees its workers import (shared with
+    bench/te_peak_phases.py, so both build the same model from the same flags)."""
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--spec", default="te", choices=["te", "local"])
     p.add_argument("--routing", default="balanced", choices=["balanced", "learned"],
@@ -452,6 +453,11 @@ def main(argv=None):
     p.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--seed", type=int, default=1234)
+    return p
+
+
+def main(argv=None):
+    p = add_model_arguments(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--steps", type=int, default=10, help="measured steps per window")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--lead-in", type=int, default=2, help="unmeasured steps at the start of each window")

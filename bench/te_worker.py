@@ -16,7 +16,7 @@ Noise removed at the source here:
   is off inside a measured window (step-to-step host jitter shows in a launch-bound step).
 
 Protocol: the worker prints ``READY {json}`` once built and warm, then answers each command line
-``measure N`` / ``profile N PATH`` / ``quit`` with one ``RESULT {json}`` line.
+``measure N`` / ``profile N PATH`` / ``phases N [PATH]`` / ``quit`` with one ``RESULT {json}`` line.
 """
 
 import argparse
@@ -115,14 +115,17 @@ class Trainer:
         if self.args["routing"] == "balanced" and self.device == "cuda":
             torch.cuda.manual_seed(self.args["seed"])
 
-    def step(self):
-        """One training step; returns the bytes allocated right after backward."""
+    def forward(self):
+        """A step's forward through the loss (replaying the recorded routing under R3)."""
         self._reseed()
         if self.replay:
             rr, action, recorded = self.replay
             rr.set_replay_data(recorded)
             rr.set_global_router_replay_action(action.REPLAY_FORWARD)
-        loss = self.model(self.tokens, self.position_ids, self.mask, labels=self.tokens)
+        return self.model(self.tokens, self.position_ids, self.mask, labels=self.tokens)
+
+    def backward_and_update(self, loss):
+        """The rest of the step; returns the bytes allocated right after backward."""
         loss.float().mean().backward()
         after_backward = torch.cuda.memory_allocated() if self.device == "cuda" else 0
         if self.replay:
@@ -130,6 +133,50 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return after_backward
+
+    def step(self):
+        """One training step; returns the bytes allocated right after backward."""
+        return self.backward_and_update(self.forward())
+
+    def phases(self, n, trace_path=None):
+        """Where a step's memory peak falls: the peak of the forward (through the loss) and of
+        the rest of the step, each from its own reset of the peak counter, for ``n`` steps; with
+        ``trace_path``, one more step under the allocator's history, and what was live at its
+        peak (bench/memory_trace.py)."""
+        cuda = self.device == "cuda"
+        rows = []
+        for _ in range(n):
+            sync(self.device)
+            row = {"start_gib": gib(torch.cuda.memory_allocated()) if cuda else 0.0}
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            loss = self.forward()
+            sync(self.device)
+            if cuda:
+                row.update(forward_peak_gib=gib(torch.cuda.max_memory_allocated()),
+                           after_forward_gib=gib(torch.cuda.memory_allocated()))  # fmt: skip
+                torch.cuda.reset_peak_memory_stats()
+            row["after_backward_gib"] = gib(self.backward_and_update(loss))
+            sync(self.device)
+            if cuda:
+                row["backward_peak_gib"] = gib(torch.cuda.max_memory_allocated())
+            rows.append(row)
+        result = {"steps": rows}
+        if trace_path and cuda:
+            from bench.memory_trace import peak_of_trace
+
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python")
+            try:
+                self.step()
+                sync(self.device)
+                snapshot = torch.cuda.memory._snapshot()
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            events = snapshot["device_traces"][torch.cuda.current_device()]
+            result["trace_peak"] = peak_of_trace(events)
+            with open(trace_path, "w") as f:
+                json.dump(result["trace_peak"], f, indent=1)
+        return result
 
     def timed_steps(self, n):
         """n steps, each timed with CUDA events (host clock on CPU); milliseconds."""
@@ -283,6 +330,8 @@ def main():
             result = trainer.measure(int(words[1]), args["lead_in"])
         elif words[0] == "profile":
             result = trainer.profile(int(words[1]), words[2])
+        elif words[0] == "phases":
+            result = trainer.phases(int(words[1]), words[2] if len(words) > 2 else None)
         else:
             result = {"error": f"unknown command {line.strip()!r}"}
         print("RESULT " + json.dumps(result), flush=True)
