@@ -2,7 +2,8 @@
 # GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
 # Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, HIDDEN, HEADS, ONLY, NO_RC,
 #   PROFILE; +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2; +-0.5-1% in 6-10 rounds at HIDDEN=4096 HEADS=32)
-#   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), kernels, smoke, bench, upstream-tests, prove, mutants
+#   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), kernels, smoke, bench, phases, upstream-tests, prove, mutants
+#   (phases: PHASE_CONFIGS, default "upstream/rc fork/rc"; BATCH, HIDDEN, HEADS as for bench)
 # Results go under $OUT (default ./out). Needs megatron/ and .upstream/ (the pristine sdist tree);
 # upstream-tests also needs .upstream-tests/ (upstream's tests/, git archive of the commit closest to the pin);
 # mutants needs the pinned sdist in .upstream/cache/sdist/ (MUTANT_GROUPS: space-separated groups of patch
@@ -58,6 +59,11 @@ for step in "$@"; do
         --batch ${BATCH:-4} ${HIDDEN:+--hidden $HIDDEN} ${HEADS:+--heads $HEADS} ${ONLY:+--only $ONLY} ${NO_RC:+--no-recompute} --lead-in ${LEAD_IN:-3} --warmup-max 20 ${PROFILE:+--profile fork fork+mhc --profile-steps 3} --log-dir /tmp/tb --json "$OUT/te-bench.json" 2>&1 \
         | tee "$OUT/te-bench.log" | tail -45
       cp /tmp/tb/*/profile-*.txt "$OUT/" 2>/dev/null ;;
+    phases)
+      # Where each configuration's step peaks (forward or backward) and what is live then.
+      timeout ${PHASES_TIMEOUT:-300} python3 bench/te_peak_phases.py --upstream $UP --batch ${BATCH:-4} \
+        ${HIDDEN:+--hidden $HIDDEN} ${HEADS:+--heads $HEADS} --configs ${PHASE_CONFIGS:-upstream/rc fork/rc} \
+        --trace --log-dir /tmp/phases --json "$OUT/phases.json" 2>&1 | grep -v -i warn | tee "$OUT/phases.log" | tail -40 ;;
     upstream-tests)
       # Upstream's own unit tests with TE, fork vs pristine upstream, side by side on the GPU; each side
       # sees only its own megatron/ (a one-entry folder on PYTHONPATH) and upstream's tests/ as cwd.
