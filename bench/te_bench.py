@@ -353,6 +353,15 @@ def worker_env(impl_root):
     return env
 
 
+def upstream_root(args, names):
+    """Where the upstream workers import megatron from (--upstream), checked when one of the
+    configurations ``names`` runs upstream; None when none does and --upstream is not given."""
+    if any(CONFIGS[n]["impl"] == "upstream" for n in names):
+        if not args.upstream or not (Path(args.upstream) / "megatron" / "core").is_dir():
+            raise SystemExit("--upstream must name a pristine upstream source root holding megatron/core")
+    return Path(args.upstream).resolve() if args.upstream else None
+
+
 def fork_root(args):
     """Where the fork's workers import megatron from: --fork-root, else this checkout."""
     root = Path(getattr(args, "fork_root", None) or ROOT).resolve()
@@ -480,10 +489,7 @@ def main(argv=None):
         payload["rows"] = summarize(payload["windows"])  # verdicts by this version's rules
     else:
         groups = groups_for(args.only, args.recompute)
-        if any(CONFIGS[n]["impl"] == "upstream" for g in groups for n in g):
-            if not args.upstream or not (Path(args.upstream) / "megatron" / "core").is_dir():
-                raise SystemExit("--upstream must name a pristine upstream source root holding megatron/core")
-        upstream = Path(args.upstream).resolve() if args.upstream else None
+        upstream = upstream_root(args, [n for g in groups for n in g])
         log_dir = Path(args.log_dir or os.environ.get("TMPDIR", "/tmp")) / f"te-bench-{os.getpid()}"
         log_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.te_bench import CONFIGS, Worker, add_model_arguments, fork_root, safe_name  # noqa: E402
+from bench.te_bench import CONFIGS, Worker, add_model_arguments, fork_root, upstream_root  # noqa: E402
 
 
 def run(args):
@@ -29,9 +29,9 @@ def run(args):
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         raise SystemExit(f"--configs: unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
-    needs_upstream = any(CONFIGS[c]["impl"] == "upstream" for c in args.configs)
-    if needs_upstream and not (args.upstream and (Path(args.upstream) / "megatron" / "core").is_dir()):
-        raise SystemExit("--upstream must name a pristine upstream source root holding megatron/core")
+    if args.trace and args.device != "cuda":
+        raise SystemExit("--trace needs --device cuda: the allocator history it reads is CUDA's")
+    upstream = upstream_root(args, args.configs)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="te-phases-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     worker_args = {k: v for k, v in vars(args).items() if k not in ("configs", "trace", "json_out", "log_dir")}
@@ -39,14 +39,11 @@ def run(args):
     worker_args.update(warmup_window=1, warmup_tolerance=1.0, warmup_max=2, lead_in=0, steps=1)
     out = {}
     for name in args.configs:
-        root = Path(args.upstream).resolve() if CONFIGS[name]["impl"] == "upstream" else fork_root(args)
+        root = upstream if CONFIGS[name]["impl"] == "upstream" else fork_root(args)
         worker = Worker(name, worker_args, root, None, log_dir)
         try:
             ready = worker.wait_ready()
-            command = f"phases {args.phase_steps}"
-            if args.trace:
-                command += f" {log_dir / ('trace-' + safe_name(name) + '.json')}"
-            result = worker.request(command)
+            result = worker.request(f"phases {args.phase_steps}" + (" trace" if args.trace else ""))
         finally:
             worker.close()
         result["megatron"] = ready.get("megatron")

@@ -16,7 +16,7 @@ Noise removed at the source here:
   is off inside a measured window (step-to-step host jitter shows in a launch-bound step).
 
 Protocol: the worker prints ``READY {json}`` once built and warm, then answers each command line
-``measure N`` / ``profile N PATH`` / ``phases N [PATH]`` / ``quit`` with one ``RESULT {json}`` line.
+``measure N`` / ``profile N PATH`` / ``phases N [trace]`` / ``quit`` with one ``RESULT {json}`` line.
 """
 
 import argparse
@@ -138,11 +138,11 @@ class Trainer:
         """One training step; returns the bytes allocated right after backward."""
         return self.backward_and_update(self.forward())
 
-    def phases(self, n, trace_path=None):
+    def phases(self, n, trace=False):
         """Where a step's memory peak falls: the peak of the forward (through the loss) and of
         the rest of the step, each from its own reset of the peak counter, for ``n`` steps; with
-        ``trace_path``, one more step under the allocator's history, and what was live at its
-        peak (bench/memory_trace.py)."""
+        ``trace``, one more step under the allocator's history, and what was live at its peak
+        (bench/memory_trace.py)."""
         cuda = self.device == "cuda"
         rows = []
         for _ in range(n):
@@ -162,7 +162,7 @@ class Trainer:
                 row["backward_peak_gib"] = gib(torch.cuda.max_memory_allocated())
             rows.append(row)
         result = {"steps": rows}
-        if trace_path and cuda:
+        if trace and cuda:
             from bench.memory_trace import peak_of_trace
 
             torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python")
@@ -174,8 +174,6 @@ class Trainer:
                 torch.cuda.memory._record_memory_history(enabled=None)
             events = snapshot["device_traces"][torch.cuda.current_device()]
             result["trace_peak"] = peak_of_trace(events)
-            with open(trace_path, "w") as f:
-                json.dump(result["trace_peak"], f, indent=1)
         return result
 
     def timed_steps(self, n):
@@ -331,7 +329,7 @@ def main():
         elif words[0] == "profile":
             result = trainer.profile(int(words[1]), words[2])
         elif words[0] == "phases":
-            result = trainer.phases(int(words[1]), words[2] if len(words) > 2 else None)
+            result = trainer.phases(int(words[1]), trace=words[2:] == ["trace"])
         else:
             result = {"error": f"unknown command {line.strip()!r}"}
         print("RESULT " + json.dumps(result), flush=True)

@@ -70,7 +70,7 @@ def test_an_empty_history_is_an_error_that_says_why():
         peak_of_trace([])
 
 
-def test_unknown_configuration_is_named(capsys):
+def test_unknown_configuration_is_named():
     with pytest.raises(SystemExit, match="fork/rcc"):
         te_peak_phases.main(["--device", "cpu", "--configs", "fork/rcc"])
 
@@ -78,6 +78,11 @@ def test_unknown_configuration_is_named(capsys):
 def test_upstream_configuration_needs_an_upstream_tree(tmp_path):
     with pytest.raises(SystemExit, match="--upstream"):
         te_peak_phases.main(["--device", "cpu", "--configs", "upstream/rc", "--upstream", str(tmp_path)])
+
+
+def test_trace_is_refused_without_cuda():
+    with pytest.raises(SystemExit, match="--trace needs --device cuda"):
+        te_peak_phases.main(["--device", "cpu", "--configs", "fork", "--trace"])
 
 
 def test_phases_run_each_configuration_in_its_own_worker_on_cpu(tmp_path):
