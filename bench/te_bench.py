@@ -59,6 +59,10 @@ MHC_SELECTIVE = {"recompute_granularity": "selective", "recompute_modules": ["mh
 # Blocks of two layers: half the block entry streams kept (one [s, b, n*h] tensor per block), twice
 # the streams recomputed at once when a block's backward starts.
 MHC_SELECTIVE_2 = {**MHC_SELECTIVE, "mhc_recompute_layer_num": 2}
+# Upstream dev's own mHC (the model of record on the upstream-dev line): dev's field names, its
+# HyperConnectionTransformerLayer spec, and its fused path. Runs on a dev tree or the dev line's.
+DEV_MHC = {"enable_hyper_connections": True, "num_residual_streams": 4, "use_fused_mhc": True}
+DEV_MHC_SPEC = {"enable_hyper_connection": True}
 
 # name -> implementation, config overrides, whether R3 replays recorded routing every step.
 CONFIGS = {
@@ -71,6 +75,8 @@ CONFIGS = {
     "fork+mhc+sel2": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE_2}},
     # Not mHC: bench/mhc_floor.py's stand-ins at about the least traffic any mHC must move.
     "fork+mhc-floor": {"impl": "fork", "config": {**MHC, "use_fused_mhc": True}, "stand_in": "mhc-floor"},
+    "upstream+devmhc": {"impl": "upstream", "config": DEV_MHC, "spec": DEV_MHC_SPEC},
+    "fork+devmhc": {"impl": "fork", "config": DEV_MHC, "spec": DEV_MHC_SPEC},
     "upstream/rc": {"impl": "upstream", "config": RECOMPUTE},
     "fork/rc": {"impl": "fork", "config": RECOMPUTE},
     "fork+mhc/rc": {"impl": "fork", "config": {**RECOMPUTE, **MHC}},
@@ -90,6 +96,9 @@ COMPARISONS = {
     "mhc+sel2": ("fork", "fork+mhc+sel2", {"step": 1.10, "peak": 1.15}),
     "mhc-floor": ("fork", "fork+mhc-floor", {}),
     "mhc-vs-floor": ("fork+mhc-floor", "fork+mhc", {}),
+    # --upstream = upstream dev, --fork-root = the upstream-dev line: the line's mHC against dev's own.
+    "devmhc-line-vs-dev": ("upstream+devmhc", "fork+devmhc", {"step": 0.85, "peak": 1.00}),
+    "devmhc-cost-dev": ("upstream", "upstream+devmhc", {}),
     "fork-vs-upstream/rc": ("upstream/rc", "fork/rc", {"step": 1 / 0.99, "peak": 1.01}),
     "mhc/rc": ("fork/rc", "fork+mhc/rc", {"step": 1.10, "peak": 1.15}),
     "int4-qat/rc": ("fork/rc", "fork+int4/rc", {"step": 1.10}),

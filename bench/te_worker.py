@@ -44,8 +44,11 @@ ENV_PINS = {
 }
 
 
-def build_te(args, overrides):
-    """The benchmark's GPT + MoE + MTP model with TE specs (or local specs with --spec local)."""
+def build_te(args, overrides, spec_kwargs=None):
+    """The benchmark's GPT + MoE + MTP model with TE specs (or local specs with --spec local).
+
+    ``spec_kwargs`` go to the layer-spec function (upstream dev's ``enable_hyper_connection=True``
+    selects its HyperConnectionTransformerLayer)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -73,9 +76,11 @@ def build_te(args, overrides):
     values.update(overrides)
     config = TransformerConfig(**values)
     if te:
-        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args["experts"], moe_grouped_gemm=True)
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=args["experts"], moe_grouped_gemm=True, **(spec_kwargs or {})
+        )
     else:
-        spec = get_gpt_layer_local_spec(num_experts=args["experts"], moe_grouped_gemm=False)
+        spec = get_gpt_layer_local_spec(num_experts=args["experts"], moe_grouped_gemm=False, **(spec_kwargs or {}))
     mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=te)
     model = GPTModel(config, spec, vocab_size=args["vocab"], max_sequence_length=args["seq"], mtp_block_spec=mtp)
     return model.to(device=args["device"], dtype=dtype)
@@ -94,7 +99,7 @@ class Trainer:
             mhc_floor.install()
         torch.manual_seed(args["seed"])
         torch.backends.cudnn.benchmark = False
-        self.model = build_te(args, config["config"])
+        self.model = build_te(args, config["config"], config.get("spec"))
         self.tokens, self.position_ids, self.mask = batch(args)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-6)
         self.replay = None
