@@ -1,0 +1,99 @@
+"""Upstream dev's two native-fallback mHC ops against the fork's Triton kernels (not a test).
+
+On a host without a working cuTile (no ``tileiras``, as on our H200s) dev's ``use_fused_mhc``
+path runs ``proj_rms_compute_h`` and the aggregation backward in native torch. The upstream-dev
+line's ``mhc-fused-kernels`` patch runs the fork's Triton kernels there instead
+(``megatron/core/fusions/fused_mhc_fork_kernels.py``). For each op this prints the time of
+forward + backward on both paths and the largest difference of every output and gradient from a
+float64 reference, beside dev's native path's own difference (the bound the fork's must meet).
+
+    python bench/dev_mhc_ops.py --root <source root of the upstream-dev line's megatron/>
+"""
+
+import argparse
+import sys
+
+
+def _timed(fn, reps):
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _err(a, ref):
+    return (a.double() - ref).abs().max().item()
+
+
+def proj_case(dk, fk, T, n, C, reps):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, n * C, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n * n + 2 * n, n * C, device="cuda", generator=g) * 0.02).float()
+    alphas = [torch.full((1,), v, device="cuda") for v in (0.5, 0.4, 0.3)]
+    bias = torch.randn(n * n + 2 * n, device="cuda", generator=g) * 0.1
+    grads = [torch.randn(T, k, device="cuda", generator=g) for k in (n, n, n * n)]
+
+    def run(fn, dtype=None):
+        leaves = [t.detach().to(dtype or t.dtype).requires_grad_(True) for t in (x, w, *alphas, bias)]
+        outs = fn(leaves[0], leaves[1], *leaves[2:5], leaves[5], n, 1e-6, 1e-6)[:3]
+        torch.autograd.backward(outs, [gr.to(outs[0].dtype) for gr in grads])
+        return [o.detach() for o in outs] + [leaf.grad for leaf in leaves]
+
+    ref = [t.double() for t in run(dk._torch_proj_rms_compute_h, torch.float64)]
+    rows = {}
+    for name, fn in (("dev native", dk._torch_proj_rms_compute_h), ("fork triton", fk.proj_rms_compute_h)):
+        got = run(fn)
+        rows[name] = (_timed(lambda: run(fn), reps), max(_err(a, r) for a, r in zip(got, ref)))
+    return rows
+
+
+def aggregate_case(dk, fk, T, n, C, reps):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(T, 1, n, C, device="cuda", generator=g).bfloat16()
+    h = torch.rand(T, 1, n, device="cuda", generator=g).bfloat16()
+    go = torch.randn(T, 1, C, device="cuda", generator=g).bfloat16()
+    ref = dk._torch_h_aggregate_bwd(go.double(), x.double(), h.double())
+    rows = {}
+    for name, fn in (("dev native", dk._torch_h_aggregate_bwd), ("fork triton", fk.h_aggregate_backward)):
+        got = fn(go, x, h)
+        rows[name] = (_timed(lambda: fn(go, x, h), reps), max(_err(a, r) for a, r in zip(got, ref)))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", required=True, help="source root whose megatron/ has the fork kernels on dev")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 4096])
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    sys.path.insert(0, args.root)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("dev_mhc_ops: needs a CUDA device (the kernels are Triton)")
+    from megatron.core.fusions import fused_mhc_fork_kernels as fk
+    from megatron.core.fusions import fused_mhc_kernels as dk
+
+    print(f"{'op':<26}{'hidden':>7}{'path':>13}{'fwd+bwd ms':>12}{'max |err| vs fp64':>20}")
+    for C in args.hidden:
+        for op, case in (("proj_rms_compute_h", proj_case), ("h_aggregate backward", aggregate_case)):
+            for path, (ms, err) in case(dk, fk, args.tokens, args.streams, C, args.reps).items():
+                print(f"{op:<26}{C:>7}{path:>13}{ms:>12.3f}{err:>20.3e}")
+
+
+if __name__ == "__main__":
+    main()
