@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
-from tools.rebase.analysis import attribution
+from tools.rebase.analysis import attribution, messages
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
@@ -69,17 +69,6 @@ def _lines(diff: str, prefix: str) -> list:
         if line.startswith(prefix):
             out.append(line.split(" @@")[0] if prefix == "@@" else line)
     return out
-
-
-# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording
-# (``subjects.strip_numbering``).
-
-
-def _message_core(message: str) -> str:
-    lines = [line.rstrip() for line in message.strip().splitlines()]
-    if lines:
-        lines[0] = strip_numbering(lines[0])
-    return "\n".join(lines)
 
 
 def interdiff(old, new) -> str:
@@ -277,7 +266,9 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
 def _classify_pair(o, n, reordered: bool) -> Row:
     semantic_same = o.key == n.key
     exact_same = semantic_same and o.patch_id == n.patch_id
-    message_same = _message_core(o.message) == _message_core(n.message)
+    # A series counter ("[8/8] ...") and attribution trailers (Signed-off-by, ...) are not wording.
+    message_same = messages.core(o.message) == messages.core(n.message)
+    trailers = messages.trailer_change(o.message, n.message) if message_same else ""
     counter_only = message_same and o.subject != n.subject
     moved = o.number != n.number
     notes = []
@@ -308,6 +299,8 @@ def _classify_pair(o, n, reordered: bool) -> Row:
         notes.append("message edited too")
     if counter_only:
         notes.append(f"series counter {_counter(o.subject)} -> {_counter(n.subject)}")
+    if trailers:
+        notes.append(trailers)
     if status not in ("reordered", "renumbered") and (reordered or moved):
         notes.append(f"{'reordered' if reordered else 'renumbered'} #{o.number} -> #{n.number}")
     if status == "reordered" and not exact_same:
