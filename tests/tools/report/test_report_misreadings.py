@@ -42,3 +42,50 @@ def test_trailer_only_changes_are_identical_or_renumbered(tmp_path):
     assert "+Reviewed-by: Cy <c@x.invalid>" in calm["note"] and "-Signed-off-by: Ann <a@x.invalid>" in calm["note"]
     assert f"-cherry-picked-from: {'a' * 40}" in calm["note"]
     assert rows["[4/4] worded widget"]["status"] == "message-only"  # the words changed: still a message edit
+
+
+def test_absorbed_then_folded_names_upstream_and_where_the_rest_went(tmp_path):
+    """Old #1 adds ten lines; upstream took six of them, and the other four now live in the new
+    commit that carries old #2. Lines already in the new base are absorption, not pairing."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {f"{t}.py": numbered(t) for t in "fgh"}, "upstream 1.0")
+    taken, rest = block("router_cap", 6), block("router_cap", 4, start=6)
+    old_tip = branch_of_patches(repo, b0, [
+        ({"f.py": replace_line("f line 20\n", "f line 20\n" + taken + rest)}, "cap the router load"),
+        ({"g.py": append(block("replay", 8))}, "routing replay"),
+    ], "old")
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    commit(repo, {"h.py": replace_line("h line 3\n", "h line 3 upstream\n")}, "upstream: unrelated")
+    upstream = commit(repo, {"f.py": replace_line("f line 20\n", "f line 20\n" + taken)}, "Cap router load (#812)")
+    b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    new_tip = branch_of_patches(repo, b1, [
+        ({"g.py": append(block("replay", 8)), "f.py": replace_line(taken, taken + rest)}, "routing replay"),
+    ], "new")
+    data = build_report(repo, b0, old_tip, b1, new_tip)
+    rows = {(r["old"] or r["new"])[0]["subject"]: r for r in data["mapping"]}
+    cap = rows["cap the router load"]
+    assert cap["status"] == "absorbed" and cap["new"] == [], cap
+    assert cap["upstream_commit"] == upstream
+    assert cap["note"].startswith(f"partially absorbed upstream in {upstream[:12]} (6 of its 10 added lines")
+    assert "the other 4 added lines folded into new #1 (routing replay)" in cap["note"]
+    assert cap["folded_into"] == [{"commit": new_tip, "subject": "routing replay"}]
+    replay = rows["routing replay"]
+    assert replay["status"] == "modified" and [c["subject"] for c in replay["old"]] == ["routing replay"]
+
+
+def test_wholly_absorbed_commit_is_not_paired_with_a_new_one(tmp_path):
+    """All of old #1's lines are in the new base; a new commit adding a copy of two of them elsewhere
+    is no partner."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {f"{t}.py": numbered(t) for t in "fgh"}, "upstream 1.0")
+    lines = block("clip_grad", 4)
+    old_tip = branch_of_patches(repo, b0, [({"f.py": append(lines)}, "clip gradients")], "old")
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    upstream = commit(repo, {"f.py": append(lines)}, "Clip gradients upstream (#77)")
+    b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    new_tip = branch_of_patches(repo, b1, [({"g.py": append(block("clip_grad", 2) + block("other", 1))},
+                                            "reuse clipping in g")], "new")
+    data = build_report(repo, b0, old_tip, b1, new_tip)
+    rows = {(r["old"] or r["new"])[0]["subject"]: r for r in data["mapping"]}
+    assert rows["clip gradients"]["status"] == "absorbed" and rows["clip gradients"]["upstream_commit"] == upstream
+    assert rows["reuse clipping in g"]["status"] == "new"

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
-from tools.rebase.analysis import attribution, messages
+from tools.rebase.analysis import attribution, inbase, messages
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
@@ -34,6 +34,8 @@ class Row:
     interdiff: str = ""
     upstream: str = ""  # absorbing upstream commit, when known
     edges: list = field(default_factory=list)  # [(old number, new number, lines, share of old, share of new)]
+    folded: list = field(default_factory=list)  # [Commit]: new commits holding an absorbed commit's rest
+    partial: bool = False  # absorbed: only part of it is in the new base
 
 
 def _range_diff(repo, old_range: str, new_range: str, creation_factor: int):
@@ -120,9 +122,11 @@ def same_subject(o, n) -> bool:
         {f.path for f in o.files} & {f.path for f in n.files})
 
 
-def pair(old: list, new: list, rd_pairs=()) -> tuple:
+def pair(old: list, new: list, rd_pairs=(), in_base=None) -> tuple:
     """One-to-one pairs ``{old index: new index}`` plus the line attribution (``attribution``)
-    whose kept edges link commits into groups."""
+    whose kept edges link commits into groups. ``in_base``: old lines the new base has (``inbase``),
+    which never count as content shared with a new commit."""
+    in_base = in_base or {}
     o2n, n2o = {}, {}
 
     def link(i, j):
@@ -150,7 +154,7 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
             if j not in n2o and d.patch_id == c.patch_id:
                 link(i, j)
                 break
-    tokens_old = [c.tokens for c in old]
+    tokens_old = [_minus(c.tokens, in_base.get(i)) for i, c in enumerate(old)]
     tokens_new = [c.tokens for c in new]
     common = {}
     for i in range(len(old)):
@@ -177,19 +181,36 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
             if j not in n2o and same_subject(c, d) and not (c.name and d.name and c.name != d.name):
                 link(i, j)
                 break
-    return o2n, attribution.attribute(old, new, o2n)
+    return o2n, attribution.attribute(old, new, o2n, in_base)
 
 
-def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None) -> list:
+def _minus(tokens: list, gone) -> list:
+    """``tokens`` without (as many copies of) the tokens counted in ``gone``."""
+    if not gone:
+        return tokens
+    left = dict(gone)
+    out = []
+    for t in tokens:
+        if left.get(t, 0) > 0:
+            left[t] -= 1
+        else:
+            out.append(t)
+    return out
+
+
+def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None, in_base=None) -> list:
     """Return the mapping rows (unordered is fine; ``order_rows`` sorts them).
 
     ``absorbed``: ``{old index: (upstream commit or "", how)}`` for old commits known or found to
     be in the new base; ``dropped``: old indices the maintainer removed on purpose; ``likely``:
-    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream.
+    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream;
+    ``in_base``: ``{old index: Counter}`` of added lines the new base has (``inbase``). An absorbed
+    old commit without a one-to-one partner joins no group: its remainder is noted where it went.
     """
     absorbed = absorbed or {}
     likely = likely or {}
-    o2n, att = pair(old, new, rd_pairs)
+    o2n, att = pair(old, new, rd_pairs, in_base)
+    first = {i for i in absorbed if i not in o2n}  # absorption weighs before regrouping
     groups = att.links
     # Connected components over pairs + group links.
     parent = {}
@@ -208,7 +229,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     for i, j in o2n.items():
         union(("o", i), ("n", j))
     for i, j in groups:
-        if i in dropped:
+        if i in dropped or i in first:
             continue
         union(("o", i), ("n", j))
     comps = {}
@@ -240,13 +261,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
             if i in dropped:
                 rows.append(Row("dropped", [old[i]], [], ["removed on purpose by the maintainer"]))
             elif i in absorbed:
-                commit, how = absorbed[i]
-                row = Row("absorbed", [old[i]], [], upstream=commit or "")
-                row.notes.append(
-                    f"absorbed upstream in {commit[:12]}" + (f" ({how})" if how else "")
-                    if commit else f"absorbed upstream ({how})" if how else "absorbed upstream"
-                )
-                rows.append(row)
+                rows.append(inbase.absorbed_row(Row, i, absorbed[i], old, new, att, in_base))
             elif i in likely:
                 commit, subject, how = likely[i]
                 note = f"likely absorbed by {commit[:12]} ({subject}): {how}"
@@ -260,6 +275,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     for k, (i, j) in enumerate(singles):
         rows.append(_classify_pair(old[i], new[j], reordered=k not in in_order))
     attribution.add_commit_notes(rows, att, old, new)
+    inbase.note_holders(rows)
     return rows
 
 
