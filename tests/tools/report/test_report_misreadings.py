@@ -89,3 +89,41 @@ def test_wholly_absorbed_commit_is_not_paired_with_a_new_one(tmp_path):
     rows = {(r["old"] or r["new"])[0]["subject"]: r for r in data["mapping"]}
     assert rows["clip gradients"]["status"] == "absorbed" and rows["clip gradients"]["upstream_commit"] == upstream
     assert rows["reuse clipping in g"]["status"] == "new"
+
+
+LOSS = ("def load_balancing_loss(aux, coeff, num_layers):\n"
+        "    scaled_aux = aux * coeff\n"
+        "    return scaled_aux\n\n\n"
+        "def unrelated_helper(value):\n    return value\n")
+
+
+def test_reimplemented_in_the_same_function_is_likely_absorbed(tmp_path):
+    """Old #1 changes an existing function (no new name, no shared line); upstream fixed the same
+    function its own way: likely absorbed by that commit. Old #2 has no upstream counterpart: the row
+    says the search found nothing."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {"loss.py": LOSS, "g.py": numbered("g")}, "upstream 1.0")
+    old_tip = branch_of_patches(repo, b0, [
+        ({"loss.py": replace_line("    return scaled_aux\n", "    return scaled_aux / num_layers\n")},
+         "[1/2] normalize the load balancing loss per layer"),
+        ({"g.py": replace_line("g line 4\n", "g line 4 fork_only_switch = True\n")}, "[2/2] fork-only switch"),
+    ], "old")
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    commit(repo, {"loss.py": replace_line("def unrelated_helper(value):\n    return value\n",
+                                          "def unrelated_helper(value):\n    return value + 0\n")},
+           "upstream: tidy the helper")
+    theirs = commit(repo, {"loss.py": replace_line(
+        "    scaled_aux = aux * coeff\n    return scaled_aux\n",
+        "    denom = max(num_layers, 1)\n    return aux * coeff / denom\n")},
+        "Normalize load balancing loss by the layer count (#901)")
+    b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    new_tip = branch_of_patches(repo, b1, [({"g.py": append("g_new = 1\n")}, "[1/1] something new")], "new")
+    rows = {(r["old"] or r["new"])[0]["subject"]: r for r in build_report(repo, b0, old_tip, b1, new_tip)["mapping"]}
+    row = rows["[1/2] normalize the load balancing loss per layer"]
+    assert row["status"] == "likely-absorbed" and row["upstream_commit"] == theirs, row
+    assert "changes `load_balancing_loss` in `loss.py` too" in row["note"]
+    assert "its subject shares balancing, layer, load, loss, normalize" in row["note"]
+    gone = rows["[2/2] fork-only switch"]
+    assert gone["status"] == "dropped" and "upstream_commit" not in gone
+    assert gone["note"].startswith("not in the new stack; no upstream change found")
+    assert "the 0 upstream commits touching `g.py`" in gone["note"]

@@ -17,7 +17,7 @@ from tools.rebase.analysis.classify import STATUSES, classify, order_rows, range
 from tools.rebase.analysis.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
-from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, upstream_search
+from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, reimplemented, upstream_search
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
@@ -198,7 +198,15 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
             absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
         elif kind == "likely":
             likely[by_commit[c.commit]] = (commit, subject, how)
-    return order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely, in_base)), lines
+        elif upstream_range:  # a re-implementation in the files it changed, by function and purpose
+            found = reimplemented.find(c, upstream)
+            if found:
+                likely[by_commit[c.commit]] = found
+    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely, in_base))
+    for row in rows:  # say what the search covered, so "not found" is a finding
+        if upstream_range and row.status == "dropped" and by_commit[row.old[0].commit] not in dropped:
+            row.notes = [reimplemented.not_found(row.old[0], upstream)]
+    return rows, lines
 
 
 def _in_base_absorber(repo: Path, patch, live: list, in_base, n: int, total: int) -> tuple:
