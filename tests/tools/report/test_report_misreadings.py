@@ -127,3 +127,46 @@ def test_reimplemented_in_the_same_function_is_likely_absorbed(tmp_path):
     assert gone["status"] == "dropped" and "upstream_commit" not in gone
     assert gone["note"].startswith("not in the new stack; no upstream change found")
     assert "the 0 upstream commits touching `g.py`" in gone["note"]
+
+
+def test_a_group_of_two_stories_is_cut_at_its_weak_link(tmp_path):
+    """Old #1 split into three new commits; old #2 went to its own new commit except three lines that
+    landed in the second part of the split. Two stories: a split and a modified pair."""
+    a1, a2, a3 = block("sched_warm", 6), block("sched_decay", 4), block("sched_floor", 5)
+    b_main, b_bit = block("ckpt_async", 7), block("ckpt_flush", 3)
+    data = _report_plain(tmp_path, [
+        ({"f.py": append(a1 + a2 + a3)}, "lr schedule"),
+        ({"g.py": append(b_main + b_bit)}, "async checkpoints"),
+    ], [
+        ({"f.py": append(a1)}, "lr schedule: warmup"),
+        ({"h.py": append(a2 + b_bit)}, "lr schedule: decay"),
+        ({"f.py": lambda t: t + a3}, "lr schedule: floor"),
+        ({"g.py": append(b_main)}, "async checkpoints"),
+    ])
+    rows = sorted((r["status"], [c["subject"] for c in r["old"]], [c["subject"] for c in r["new"]], r["note"])
+                  for r in data["mapping"])
+    assert [r[:3] for r in rows] == [
+        ("modified", ["async checkpoints"], ["async checkpoints"]),
+        ("split", ["lr schedule"], ["lr schedule: warmup", "lr schedule: decay", "lr schedule: floor"]),
+    ], rows
+    weak = "weak link old #2 -> new #2 (3 lines, 30% of old #2, 43% of new #2) left out: a separate story"
+    assert all(weak in r[3] for r in rows)
+
+
+def test_a_regroup_cycle_of_weak_edges_stays_one_group(tmp_path):
+    """Each weak edge of a 2x2 regroup sits in a cycle: cutting one leaves the group whole."""
+    x, y = block("xray", 10), block("yank", 10)
+    data = _report_plain(tmp_path, [({"f.py": append(x)}, "x feature"), ({"g.py": append(y)}, "y feature")], [
+        ({"f.py": append(x[: x.index("xray_value_7")]), "g.py": append(y[y.index("yank_value_7"):])}, "x, regrouped"),
+        ({"g.py": append(y[: y.index("yank_value_7")]), "f.py": append(x[x.index("xray_value_7"):])}, "y, regrouped"),
+    ])
+    (row,) = data["mapping"]
+    assert row["status"] == "merged" and "weak link" not in row["note"]
+
+
+def _report_plain(tmp_path, old, new):
+    repo = tmp_path / "repo"
+    b0 = init(repo, {f"{t}.py": numbered(t) for t in "fgh"}, "upstream 1.0")
+    old_tip = branch_of_patches(repo, b0, old, "old")
+    new_tip = branch_of_patches(repo, b0, new, "new")
+    return build_report(repo, b0, old_tip, b0, new_tip)

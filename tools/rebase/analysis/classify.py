@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
-from tools.rebase.analysis import attribution, inbase, messages
+from tools.rebase.analysis import attribution, decompose, inbase, messages
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
@@ -239,7 +239,9 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
         comps.setdefault(find(("n", j)), []).append(("n", j))
     rows = []
     singles = []
-    for members in comps.values():
+    kept = list(o2n.items()) + [(i, j) for i, j in groups if i not in dropped and i not in first]
+    cut_notes = {}
+    for members, notes in (p for m in comps.values() for p in decompose.parts(m, kept, att, o2n, old, new)):
         olds = sorted(i for side, i in members if side == "o")
         news = sorted(j for side, j in members if side == "n")
         if olds and news and (len(olds) > 1 or len(news) > 1):
@@ -253,9 +255,11 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
                 row.notes.append(f"split into {len(news)} patches")
             row.edges = attribution.group_edges(att, olds, news, o2n, old, new)
             row.notes.append(attribution.describe_edges(row.edges))
+            row.notes.extend(notes)
             rows.append(row)
         elif olds and news:
             singles.append((olds[0], news[0]))
+            cut_notes[(olds[0], news[0])] = notes
         elif olds:
             i = olds[0]
             if i in dropped:
@@ -274,6 +278,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     in_order = _lis([j for _, j in singles])
     for k, (i, j) in enumerate(singles):
         rows.append(_classify_pair(old[i], new[j], reordered=k not in in_order))
+        rows[-1].notes.extend(cut_notes.get((i, j), []))
     attribution.add_commit_notes(rows, att, old, new)
     inbase.note_holders(rows)
     return rows
