@@ -94,3 +94,14 @@ def pieces(patch, upstream: list) -> list:
         todo = _minus(todo, best.tokens)
     covered = total - len(todo)
     return chosen if len(chosen) > 1 and covered >= PIECES_COVERAGE * total else []
+
+
+def carrier(lines, upstream: list) -> str:
+    """The upstream commit adding most of ``lines`` (a Counter of ``+text`` tokens), or ""."""
+    wanted = [t for t, n in lines.items() for _ in range(n)]
+    best, best_n = "", 0
+    for c in upstream:
+        n = overlap(wanted, [t for t in c.tokens if t[0] == "+"])
+        if n > best_n:
+            best, best_n = c.commit, n
+    return best

@@ -158,9 +158,12 @@ def _revert_notes(commits: list, flow: StackFlow, notes: dict, side: str) -> Non
             notes.setdefault(m, []).append(f"undoes the in-stack revert {whom} of the {side} stack")
 
 
-def attribute(old: list, new: list, o2n: dict) -> Attribution:
-    """Edges between old and new commits by their added lines, for commits ``o2n`` pairs and not."""
-    old_lines = [signed_lines(c) for c in old]
+def attribute(old: list, new: list, o2n: dict, in_base=None) -> Attribution:
+    """Edges between old and new commits by their added lines, for commits ``o2n`` pairs and not.
+    ``in_base``: ``{old index: Counter}`` of added lines the new base already has (``inbase``):
+    absorption, not evidence of where the old commit went, so they are left out first."""
+    in_base = in_base or {}
+    old_lines = [signed_lines(c) - in_base.get(i, Counter()) for i, c in enumerate(old)]
     new_lines = [signed_lines(c) for c in new]
     edges = _credit(old_lines, new_lines, o2n)
     att = Attribution(edges, [sum(c.values()) for c in old_lines], [sum(c.values()) for c in new_lines], [])

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
-from tools.rebase.analysis import attribution
+from tools.rebase.analysis import attribution, decompose, inbase, messages
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
@@ -34,6 +34,8 @@ class Row:
     interdiff: str = ""
     upstream: str = ""  # absorbing upstream commit, when known
     edges: list = field(default_factory=list)  # [(old number, new number, lines, share of old, share of new)]
+    folded: list = field(default_factory=list)  # [Commit]: new commits holding an absorbed commit's rest
+    partial: bool = False  # absorbed: only part of it is in the new base
 
 
 def _range_diff(repo, old_range: str, new_range: str, creation_factor: int):
@@ -69,17 +71,6 @@ def _lines(diff: str, prefix: str) -> list:
         if line.startswith(prefix):
             out.append(line.split(" @@")[0] if prefix == "@@" else line)
     return out
-
-
-# A series counter in the subject ("[8/8] ...", "[PATCH v2 3/7] ...") is numbering, not wording
-# (``subjects.strip_numbering``).
-
-
-def _message_core(message: str) -> str:
-    lines = [line.rstrip() for line in message.strip().splitlines()]
-    if lines:
-        lines[0] = strip_numbering(lines[0])
-    return "\n".join(lines)
 
 
 def interdiff(old, new) -> str:
@@ -131,9 +122,11 @@ def same_subject(o, n) -> bool:
         {f.path for f in o.files} & {f.path for f in n.files})
 
 
-def pair(old: list, new: list, rd_pairs=()) -> tuple:
+def pair(old: list, new: list, rd_pairs=(), in_base=None) -> tuple:
     """One-to-one pairs ``{old index: new index}`` plus the line attribution (``attribution``)
-    whose kept edges link commits into groups."""
+    whose kept edges link commits into groups. ``in_base``: old lines the new base has (``inbase``),
+    which never count as content shared with a new commit."""
+    in_base = in_base or {}
     o2n, n2o = {}, {}
 
     def link(i, j):
@@ -161,7 +154,7 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
             if j not in n2o and d.patch_id == c.patch_id:
                 link(i, j)
                 break
-    tokens_old = [c.tokens for c in old]
+    tokens_old = [_minus(c.tokens, in_base.get(i)) for i, c in enumerate(old)]
     tokens_new = [c.tokens for c in new]
     common = {}
     for i in range(len(old)):
@@ -188,19 +181,36 @@ def pair(old: list, new: list, rd_pairs=()) -> tuple:
             if j not in n2o and same_subject(c, d) and not (c.name and d.name and c.name != d.name):
                 link(i, j)
                 break
-    return o2n, attribution.attribute(old, new, o2n)
+    return o2n, attribution.attribute(old, new, o2n, in_base)
 
 
-def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None) -> list:
+def _minus(tokens: list, gone) -> list:
+    """``tokens`` without (as many copies of) the tokens counted in ``gone``."""
+    if not gone:
+        return tokens
+    left = dict(gone)
+    out = []
+    for t in tokens:
+        if left.get(t, 0) > 0:
+            left[t] -= 1
+        else:
+            out.append(t)
+    return out
+
+
+def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likely=None, in_base=None) -> list:
     """Return the mapping rows (unordered is fine; ``order_rows`` sorts them).
 
     ``absorbed``: ``{old index: (upstream commit or "", how)}`` for old commits known or found to
     be in the new base; ``dropped``: old indices the maintainer removed on purpose; ``likely``:
-    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream.
+    ``{old index: (upstream commit, subject, evidence)}`` for re-implementations upstream;
+    ``in_base``: ``{old index: Counter}`` of added lines the new base has (``inbase``). An absorbed
+    old commit without a one-to-one partner joins no group: its remainder is noted where it went.
     """
     absorbed = absorbed or {}
     likely = likely or {}
-    o2n, att = pair(old, new, rd_pairs)
+    o2n, att = pair(old, new, rd_pairs, in_base)
+    first = {i for i in absorbed if i not in o2n}  # absorption weighs before regrouping
     groups = att.links
     # Connected components over pairs + group links.
     parent = {}
@@ -219,7 +229,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     for i, j in o2n.items():
         union(("o", i), ("n", j))
     for i, j in groups:
-        if i in dropped:
+        if i in dropped or i in first:
             continue
         union(("o", i), ("n", j))
     comps = {}
@@ -229,7 +239,9 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
         comps.setdefault(find(("n", j)), []).append(("n", j))
     rows = []
     singles = []
-    for members in comps.values():
+    kept = list(o2n.items()) + [(i, j) for i, j in groups if i not in dropped and i not in first]
+    cut_notes = {}
+    for members, notes in (p for m in comps.values() for p in decompose.parts(m, kept, att, o2n, old, new)):
         olds = sorted(i for side, i in members if side == "o")
         news = sorted(j for side, j in members if side == "n")
         if olds and news and (len(olds) > 1 or len(news) > 1):
@@ -243,21 +255,17 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
                 row.notes.append(f"split into {len(news)} patches")
             row.edges = attribution.group_edges(att, olds, news, o2n, old, new)
             row.notes.append(attribution.describe_edges(row.edges))
+            row.notes.extend(notes)
             rows.append(row)
         elif olds and news:
             singles.append((olds[0], news[0]))
+            cut_notes[(olds[0], news[0])] = notes
         elif olds:
             i = olds[0]
             if i in dropped:
                 rows.append(Row("dropped", [old[i]], [], ["removed on purpose by the maintainer"]))
             elif i in absorbed:
-                commit, how = absorbed[i]
-                row = Row("absorbed", [old[i]], [], upstream=commit or "")
-                row.notes.append(
-                    f"absorbed upstream in {commit[:12]}" + (f" ({how})" if how else "")
-                    if commit else f"absorbed upstream ({how})" if how else "absorbed upstream"
-                )
-                rows.append(row)
+                rows.append(inbase.absorbed_row(Row, i, absorbed[i], old, new, att, in_base))
             elif i in likely:
                 commit, subject, how = likely[i]
                 note = f"likely absorbed by {commit[:12]} ({subject}): {how}"
@@ -270,14 +278,18 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     in_order = _lis([j for _, j in singles])
     for k, (i, j) in enumerate(singles):
         rows.append(_classify_pair(old[i], new[j], reordered=k not in in_order))
+        rows[-1].notes.extend(cut_notes.get((i, j), []))
     attribution.add_commit_notes(rows, att, old, new)
+    inbase.note_holders(rows)
     return rows
 
 
 def _classify_pair(o, n, reordered: bool) -> Row:
     semantic_same = o.key == n.key
     exact_same = semantic_same and o.patch_id == n.patch_id
-    message_same = _message_core(o.message) == _message_core(n.message)
+    # A series counter ("[8/8] ...") and attribution trailers (Signed-off-by, ...) are not wording.
+    message_same = messages.core(o.message) == messages.core(n.message)
+    trailers = messages.trailer_change(o.message, n.message) if message_same else ""
     counter_only = message_same and o.subject != n.subject
     moved = o.number != n.number
     notes = []
@@ -308,6 +320,8 @@ def _classify_pair(o, n, reordered: bool) -> Row:
         notes.append("message edited too")
     if counter_only:
         notes.append(f"series counter {_counter(o.subject)} -> {_counter(n.subject)}")
+    if trailers:
+        notes.append(trailers)
     if status not in ("reordered", "renumbered") and (reordered or moved):
         notes.append(f"{'reordered' if reordered else 'renumbered'} #{o.number} -> #{n.number}")
     if status == "reordered" and not exact_same:

@@ -228,10 +228,12 @@ def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
         if own and ids.get(c.commit) == own:
             return c.commit, "same patch-id"
     tokens = patch.tokens
+    plus = [t for t in tokens if t[0] == "+"]
     best, best_n = None, 0
     for c in candidates:
         n = overlap(tokens, c.tokens)
-        if n > best_n:
+        # removing the same old line is no absorption: upstream must add most of what the patch adds
+        if n > best_n and 2 * overlap(plus, c.tokens) >= len(plus):
             best, best_n = c.commit, n
     if tokens and best_n * 2 >= len(tokens):
         return best, f"{best_n}/{len(tokens)} changed lines"

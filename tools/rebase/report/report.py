@@ -17,7 +17,7 @@ from tools.rebase.analysis.classify import STATUSES, classify, order_rows, range
 from tools.rebase.analysis.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
-from tools.rebase.analysis import absorption, fingerprints, reasons, upstream_search
+from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, reimplemented, upstream_search
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
@@ -171,8 +171,13 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
     for sha, (commit, how) in sorted(hints.get("absorbed", {}).items()):
         if sha in by_commit:
             absorbed[by_commit[sha]] = (commit, how)
-    rows_probe = classify(old, new, rd_pairs, absorbed, dropped)
     lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
+    in_base = inbase.lines_in_base(repo, old_base, new_base, old)
+    for i, (n, total) in sorted(inbase.mostly_in_base(old, in_base).items()):
+        if i not in absorbed and i not in dropped:  # absorption weighs before any pairing
+            absorbed[i] = _in_base_absorber(repo, old[i], lines.live(old[i]) if upstream else [],
+                                            in_base[i], n, total)
+    rows_probe = classify(old, new, rd_pairs, absorbed, dropped, in_base=in_base)
     unfound = []
     candidates = [row.old[0] for row in rows_probe  # old commits nobody claimed
                   if row.status == "dropped" and row.old and by_commit[row.old[0].commit] not in dropped]
@@ -193,7 +198,26 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
             absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
         elif kind == "likely":
             likely[by_commit[c.commit]] = (commit, subject, how)
-    return order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely)), lines
+        elif upstream_range:  # a re-implementation in the files it changed, by function and purpose
+            found = reimplemented.find(c, upstream)
+            if found:
+                likely[by_commit[c.commit]] = found
+    rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely, in_base))
+    for row in rows:  # say what the search covered, so "not found" is a finding
+        if upstream_range and row.status == "dropped" and by_commit[row.old[0].commit] not in dropped:
+            row.notes = [reimplemented.not_found(row.old[0], upstream)]
+    return rows, lines
+
+
+def _in_base_absorber(repo: Path, patch, live: list, in_base, n: int, total: int) -> tuple:
+    """``(upstream commit or "", how)`` for a patch whose added lines are mostly in the new base."""
+    commit, how = find_absorbing_commit(repo, patch, live) if live else (None, "")
+    commit = commit or absorption.carrier(in_base, live)
+    if n < total:
+        how = f"{n} of its {total} added lines are in the new base"
+    elif not commit:
+        how = "its change is already in the new base"
+    return commit or "", how
 
 
 def _describe_bases(repo: Path, old_base: str, new_base: str, old_pin, new_pin, upstream_range):
@@ -238,14 +262,18 @@ def _mapping_entry(repo: Path, row, hints: dict, upstream: list, new_label: str,
         if parts:
             entry["note"] = "; ".join([entry["note"], *(n for _, n in parts)])
             entry["partially_absorbed_by"] = sorted({c for c, _ in parts})
-    pieces = absorption.pieces(row.old[0], lines.live(row.old[0])) if row.status == "absorbed" and upstream else []
+    whole = row.status == "absorbed" and not row.partial and upstream
+    pieces = absorption.pieces(row.old[0], lines.live(row.old[0])) if whole else []
+    if row.folded:
+        entry["folded_into"] = [_ref(c) for c in row.folded]
     if pieces:  # no single commit carries all of it
         entry["upstream_commits"] = pieces
         entry["note"] = f"absorbed upstream in pieces by {', '.join(c[:12] for c in pieces)}"
     if row.upstream:
         entry["upstream_commit"] = row.upstream
     elif row.status == "absorbed" and not pieces:  # no history to search (sdist): say where it went
-        entry["note"] = entry["note"].replace("absorbed upstream", f"absorbed upstream in {new_label}", 1)
+        entry["note"] = re.sub(r"^((?:partially )?absorbed upstream)",
+                               lambda m: f"{m[1]} in {new_label}", entry["note"], count=1)
     named = row.new or row.old
     entry["patch_name"] = named[0].name if named else ""
     entry["upstream_status"] = named[0].trailer("Upstream-Status") if named else ""
