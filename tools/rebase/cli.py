@@ -55,11 +55,11 @@ def _cmd_check(args, lay):
     if args.no_base and args.mirror:
         raise RebaseError("--mirror and --no-base exclude each other (--no-base reads no base)")
     if args.no_base:  # reads the checkout only: no lock, no work repo
-        problems = check_without_base(lay)
+        problems = check_without_base(lay, strict_records=args.strict_records)
     else:
         _use_pin_mirror(args, lay)
         with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
-            problems = check(lay)
+            problems = check(lay, strict_records=args.strict_records)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
@@ -191,6 +191,9 @@ def build_parser():
     p.add_argument("--no-base", action="store_true",
                    help="lint the series, patch files, trailers and resolutions only, without the upstream "
                         "base (CI that cannot fetch a line's pin); apply and export are not verified")
+    p.add_argument("--strict-records", action="store_true",
+                   help="fail when patches/proof.json (verdicts or mutant scores) is for another stack "
+                        "(the maintainer's check at release or bump time); without it that is a STALE notice")
     _add_mirror(p)
     p.set_defaults(func=_cmd_check)
     p = add_command(sub, "list", help="print the patch table (Markdown)")
