@@ -47,6 +47,13 @@ def _cmd_export(args, lay):
     return 0
 
 
+def _cmd_edit(args, lay):
+    from tools.rebase.stack.edit import edit
+
+    edit(lay, args.patch, from_tree=args.from_tree, other_files=args.other_files)
+    return 0
+
+
 def _cmd_check(args, lay):
     from tools.rebase.proof.check import check, check_without_base
     from tools.rebase.git.lock import locked
@@ -187,6 +194,13 @@ def build_parser():
                    help="overwrite patch files changed since the last apply/export (after rebuilding "
                         ".rebase/work from them by hand)")
     p.set_defaults(func=_cmd_export)
+    p = add_command(sub, "edit", help="fold your uncommitted work-repo edits (or megatron/ hand edits) into PATCH and export")
+    p.add_argument("patch", metavar="PATCH", help="Patch-Name, file name or number of the patch the change belongs to")
+    p.add_argument("--from-tree", action="store_true",
+                   help="take the hand edits made in the generated megatron/ instead of .rebase/work's")
+    p.add_argument("--other-files", action="store_true",
+                   help="fold the change in even where it touches files PATCH does not")
+    p.set_defaults(func=_cmd_edit)
     p = add_command(sub, "check", help="verify pin, series, strict apply, export equality and Tests: trailers")
     p.add_argument("--no-base", action="store_true",
                    help="lint the series, patch files, trailers and resolutions only, without the upstream "

@@ -87,3 +87,24 @@ def test_editing_a_comment_in_a_middle_patch_passes_check_without_re_proving(tmp
     assert main(["-C", root, "check", "--strict-records"]) == 1
     err = capsys.readouterr().err
     assert "recorded for another stack" in err and "(--strict-records)" in err
+
+
+def test_edit_a_comment_of_a_middle_patch_in_the_work_repo_then_check(tmp_path, monkeypatch, sdist_cache, capsys):
+    """The maintainer's flow from the README: apply, change the line in .rebase/work, `edit PATCH`
+    (fold it in and export), check: exit 0 with the STALE notice, nothing re-proven."""
+    layout = real_stack_copy(tmp_path, monkeypatch, sdist_cache)
+    apply(layout, log=quiet)
+    path, line = middle_comment(layout)
+    text = path.read_text()
+    file = text[:text.index(line + "\n")].rsplit("\n+++ b/", 1)[1].split("\n", 1)[0]
+    source = layout.work / file
+    source.write_text(source.read_text().replace(line[1:] + "\n", line[1:] + " (reworded)\n", 1))
+    root = str(layout.root)
+    assert main(["-C", root, "edit", path.name[:4]]) == 0
+    assert line + " (reworded)" in path.read_text()
+    capsys.readouterr()
+    assert main(["-C", root, "check"]) == 0
+    out = capsys.readouterr().out
+    if (layout.patches / "proof.json").is_file():
+        assert "STALE: patches/proof.json: recorded for another stack" in out
+    assert out.rstrip().endswith("check: ok")

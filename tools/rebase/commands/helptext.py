@@ -21,6 +21,16 @@ _COMMANDS = {
         "patches/ and .rebase/state.json.",
         "a few seconds.",
     ),
+    "edit": (
+        "Put a change into a patch below the top of the stack. Edit the files in .rebase/work "
+        "(the whole stack applied; leave the change uncommitted), or with --from-tree the generated "
+        "megatron/, then name the patch: the change is committed as a fixup! of that patch's "
+        "commit, folded in by a non-interactive git rebase --autosquash, and exported. Refuses a "
+        "change touching files the patch does not (unless --other-files); when a later patch no "
+        "longer applies over it, everything is left as it was.",
+        "the work repo's commits, patches/ (via export), .rebase/state.json, megatron/.",
+        "a few seconds.",
+    ),
     "check": (
         "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
         "the committed patches, every Tests: id exists, patches/proof.json (when present) well-formed, README "
