@@ -69,6 +69,9 @@ def _cmd_bump(args, lay):
         forecast.write(data, args.output, args.json)
         if not args.output:
             sys.stdout.write(forecast.render(data))
+        written = " and ".join(str(p) for p in (args.output, args.json) if p)
+        # On the terminal whatever the outputs: a forecast written to files still says how it went.
+        print(f"forecast: {forecast.outcome(data)}" + (f" (wrote {written})" if written else ""), file=sys.stderr)
         return 1 if data["would_stop"] else 0
     try:
         if args.abort:
