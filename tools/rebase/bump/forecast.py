@@ -120,7 +120,8 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
     refusals = _would_refuse(layout)
     with tempfile.TemporaryDirectory(prefix="rebase-forecast-") as tmp:
         scratch = _scratch(layout, Path(tmp))
-        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from)
+        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from,
+                    allow_downgrade=True)  # a dry run only warns
         stops = {}
         try:
             b.start(spec)
