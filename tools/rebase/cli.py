@@ -47,6 +47,13 @@ def _cmd_export(args, lay):
     return 0
 
 
+def _cmd_edit(args, lay):
+    from tools.rebase.stack.edit import edit
+
+    edit(lay, args.patch, from_tree=args.from_tree, other_files=args.other_files)
+    return 0
+
+
 def _cmd_check(args, lay):
     from tools.rebase.proof.check import check, check_without_base
     from tools.rebase.git.lock import locked
@@ -55,11 +62,11 @@ def _cmd_check(args, lay):
     if args.no_base and args.mirror:
         raise RebaseError("--mirror and --no-base exclude each other (--no-base reads no base)")
     if args.no_base:  # reads the checkout only: no lock, no work repo
-        problems = check_without_base(lay)
+        problems = check_without_base(lay, strict_records=args.strict_records)
     else:
         _use_pin_mirror(args, lay)
         with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
-            problems = check(lay)
+            problems = check(lay, strict_records=args.strict_records)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
@@ -187,10 +194,20 @@ def build_parser():
                    help="overwrite patch files changed since the last apply/export (after rebuilding "
                         ".rebase/work from them by hand)")
     p.set_defaults(func=_cmd_export)
+    p = add_command(sub, "edit", help="fold your uncommitted work-repo edits (or megatron/ hand edits) into PATCH and export")
+    p.add_argument("patch", metavar="PATCH", help="Patch-Name, file name or number of the patch the change belongs to")
+    p.add_argument("--from-tree", action="store_true",
+                   help="take the hand edits made in the generated megatron/ instead of .rebase/work's")
+    p.add_argument("--other-files", action="store_true",
+                   help="fold the change in even where it touches files PATCH does not")
+    p.set_defaults(func=_cmd_edit)
     p = add_command(sub, "check", help="verify pin, series, strict apply, export equality and Tests: trailers")
     p.add_argument("--no-base", action="store_true",
                    help="lint the series, patch files, trailers and resolutions only, without the upstream "
                         "base (CI that cannot fetch a line's pin); apply and export are not verified")
+    p.add_argument("--strict-records", action="store_true",
+                   help="fail when patches/proof.json (verdicts or mutant scores) is for another stack "
+                        "(the maintainer's check at release or bump time); without it that is a STALE notice")
     _add_mirror(p)
     p.set_defaults(func=_cmd_check)
     p = add_command(sub, "list", help="print the patch table (Markdown)")

@@ -65,6 +65,10 @@ def test_forecast_statuses_and_nothing_touched(tmp_path, cache):
     out_md, out_js = tmp_path / "f.md", tmp_path / "f.json"
     proc = cli(fork, cache, "--onto", f"git:{fork.upstream}@v2", "--dry-run", "--output", out_md, "--json", out_js)
     assert proc.returncode == 1, proc.stderr
+    # Written to files, the forecast still says how it went on the terminal (issue 47, item 8).
+    assert proc.stdout == ""
+    assert (f"forecast: 1 absorbed, 1 clean, 2 conflict, 1 lint finding: a real bump would stop at "
+            f"0003 tweak-beta (wrote {out_md} and {out_js})") in proc.stderr, proc.stderr
     assert json.loads(out_js.read_text())["patches"] == data["patches"]
     md = out_md.read_text()
     assert data["new_base"]["commit"] in md and "| 0003 | `tweak-beta` | conflict |" in md
@@ -95,4 +99,23 @@ def test_forecast_uses_recorded_resolutions_and_exits_zero(tmp_path, cache):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| 0001 | `tweak-beta` | resolved (recorded resolution) |" in proc.stdout
     assert "a real bump would run through" in proc.stdout
+    assert "forecast: 1 resolved (recorded resolution): a real bump would run through" in proc.stderr
     assert untouched_state(clone) == before
+
+
+def test_an_abbreviated_commit_id_is_resolved_and_pinned_in_full(tmp_path, cache):
+    """``@d98e8a64``: git fetch takes only full ids, so the abbreviation is looked up in the
+    objects at hand and the forecast (like the pin) names the full id, with no ref (issue 47, item 7)."""
+    fork = make_fork(tmp_path)
+    fork.stack([("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")})])
+    full = fork.upstream_commit({G: replace_line("gamma line 20\n", "gamma line 20 up\n")}, "up: gamma")
+    data = forecast(fork.layout, f"git:{fork.upstream}@{full[:8]}")
+    assert data["new_base"]["commit"] == full and "ref" not in data["new_base"]
+    assert data["stack"]["patches"] == ["0001-keep-alpha.patch"]
+    from tools.rebase.bump.prepare import resolve_spec
+
+    pin = resolve_spec(fork.layout, f"git:{fork.upstream}@{full[:10]}")
+    assert (pin.commit, pin.ref) == (full, "")
+    missing = "0123456789abc"  # hex, but no commit of the upstream
+    with pytest.raises(Exception, match=r"could not fetch '0123456789abc'.*give the full 40-hex id"):
+        resolve_spec(fork.layout, f"git:{fork.upstream}@{missing}")

@@ -126,10 +126,20 @@ def test_record_feeds_the_readme_and_check_catches_a_stale_record(fork):
     assert check(fork.layout, log=quiet) == []
     verdicts, problem = read_record(fork.layout)
     assert problem is None and verdicts["gamma-gpu"]["verdict"] == "GPU-only"
-    # Any change to the stack makes the record stale: check names it.
+    # Any change to the stack makes the record stale: check reports it as STALE with the rule and
+    # the refresh command, and still passes; --strict-records (the maintainer's) fails on it.
     fork.stack([("delta", {"megatron/core/gamma.py": "G = 2\n"}, None, "Why.", "tests/test_gamma.py")])
-    problems = check(fork.layout, log=quiet)
-    assert any(p.startswith("patches/proof.json: recorded for another stack") for p in problems), problems
+    update_readme(fork.layout)  # the new row; the Proof column keeps the recorded verdicts
+    assert "| proven (1/1 fail without it) |" in readme.read_text()
+    said = []
+    assert check(fork.layout, log=said.append) == []
+    (notice,) = [line for line in said if "recorded for another stack" in line]
+    assert notice.startswith("STALE: patches/proof.json: recorded for another stack")
+    assert notice.endswith("python -m tools.rebase prove --record")
+    assert any("STALE is not a failure" in line for line in said), said
+    problems = check(fork.layout, log=quiet, strict_records=True)
+    assert any(p.startswith("patches/proof.json: recorded for another stack") and "--strict-records" in p
+               for p in problems), problems
 
 
 def test_record_needs_every_patch(fork):

@@ -85,14 +85,30 @@ def test_record_and_check_flags_it_stale(fork, capsys):
     # command to rerun; the ones before it stay current.
     second, first = (next(fork.layout.patches.glob(f"000{n}-*.patch")) for n in (2, 1))
     second.write_text(second.read_text().replace("Subject: ", "Subject: reworded ", 1))
-    problems = check(fork.layout, log=quiet)
-    (problem,) = [p for p in problems if "mutant scores" in p]
-    assert "mutant scores of beta-more were recorded on another stack" in problem
+
+    def stale_notice(**kwargs):
+        said = []
+        problems = check(fork.layout, log=said.append, **kwargs)
+        return problems, [line for line in said if "mutant scores" in line]
+
+    problems, (notice,) = stale_notice()
+    assert not any("mutant scores" in p for p in problems)
+    assert notice.startswith("STALE: ") and "mutant scores of beta-more were recorded on another stack" in notice
+    assert notice.endswith("re-score them with python -m tools.rebase prove --mutants 2 --record beta-more")
     first.write_text(first.read_text().replace("Subject: ", "Subject: reworded ", 1))
-    problems = check(fork.layout, log=quiet)
-    (problem,) = [p for p in problems if "mutant scores" in p]
-    assert "mutant scores of alpha-clamp, beta-more were recorded on another stack" in problem
-    assert problem.endswith("prove --mutants N --record alpha-clamp beta-more")
+    problems, (notice,) = stale_notice()
+    assert "mutant scores of alpha-clamp, beta-more were recorded on another stack" in notice
+    # Their recorded counts differ (3 and 2): the command leaves N to the maintainer.
+    assert notice.endswith("prove --mutants N --record alpha-clamp beta-more"), notice
+    problems, notices = stale_notice(strict_records=True)
+    assert not notices and any("mutant scores of alpha-clamp, beta-more" in p and "--strict-records" in p
+                               for p in problems), problems
+    # A malformed mutant record is a failure whatever the flag.
+    record = json.loads((fork.layout.patches / "proof.json").read_text())
+    record["mutants"]["patches"]["alpha-clamp"] = "forged"
+    (fork.layout.patches / "proof.json").write_text(json.dumps(record))
+    problems, _ = stale_notice()
+    assert "patches/proof.json: the mutant record has no per-patch entries" in problems
 
 
 def test_bad_count_is_refused(fork, capsys):

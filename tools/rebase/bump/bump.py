@@ -49,8 +49,9 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
     of its phases; the phases themselves are the mixins."""
 
     def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True,
-                 resolutions_from=None):
+                 resolutions_from=None, allow_downgrade=False):
         self.layout = layout
+        self.allow_downgrade = allow_downgrade  # onto an older or lower-versioned base: refused unless set
         self.resolutions_from = resolutions_from  # another line's Layout: its resolutions are reused too
         self.work = layout.work
         self.log = log

@@ -95,11 +95,15 @@ class FinishPhase:
         self.hook("after-report")
         if j.materialized and restore_package(layout, self.log):
             self.hook("after-package-restore")
+        from tools.rebase.bump.undo_hint import undo_hint
+
+        undo = undo_hint(layout)  # compares the backup with the checkout's last commit: before it goes
         jr.finish(layout)
         counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n)
         self.log(f"bump done: {_base_label(old_pin)} -> {_base_label(new_pin)}; {counts}; "
                  f"wrote {layout.report_md.name} and {layout.report_json.name}; "
                  f"run `python -m tools.rebase apply{layout.line_flag}` to materialize megatron/")
+        self.log(f"bump: {undo}")
         return data
 
 

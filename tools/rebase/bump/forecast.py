@@ -120,7 +120,8 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
     refusals = _would_refuse(layout)
     with tempfile.TemporaryDirectory(prefix="rebase-forecast-") as tmp:
         scratch = _scratch(layout, Path(tmp))
-        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from)
+        b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from,
+                    allow_downgrade=True)  # a dry run only warns
         stops = {}
         try:
             b.start(spec)
@@ -136,6 +137,7 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
         data = {
             "schema": SCHEMA,
             "onto": spec,
+            "stack": _stack_json(layout),
             "old_base": _pin_json(j.old_pin),
             "new_base": _pin_json(j.new_pin),
             "patches": [],
@@ -175,6 +177,23 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
     return data
 
 
+def _stack_json(layout) -> dict:
+    """The series the forecast was made from, so a committed forecast can be told stale."""
+    from tools.rebase.proof.record import stack_digest_now
+    from tools.rebase.stack.series import read_series
+
+    return {"digest": stack_digest_now(layout), "patches": read_series(layout.series).names}
+
+
+def outcome(data: dict) -> str:
+    """One line: the counts and where a real bump would stop (printed whatever the outputs)."""
+    shown = ", ".join(f"{n} {s}" for s, n in sorted(data["counts"].items()))
+    stops = [row for row in data["patches"] if row["status"] in ("conflict", "lint finding")]
+    if stops:
+        return f"{shown}: a real bump would stop at {stops[0]['number']:04d} {stops[0]['name']}"
+    return f"{shown}: a real bump would run through"
+
+
 def _pin_json(toml_text: str) -> dict:
     import tomllib
 
@@ -203,10 +222,11 @@ def render(data: dict) -> str:
            f"- Onto: {_base_text(data['new_base'])}"]
     if "upstream_commits" in data:
         out.append(f"- Upstream commits between the bases: {data['upstream_commits']}")
+    if "stack" in data:
+        stack = data["stack"]
+        out.append(f"- Stack: {len(stack['patches'])} patches (digest `{stack['digest'][:12]}`)")
     out += [f"- **Warning**: {w}" for w in data.get("warnings", [])]
-    shown = ", ".join(f"{n} {s}" for s, n in sorted(data["counts"].items()))
-    verdict = "a real bump would stop" if data["would_stop"] else "a real bump would run through"
-    out += [f"- Outcome: {shown}; {verdict}", "",
+    out += [f"- Outcome: {outcome(data)}", "",
             "Stops are dropped in the scratch replay so it can go on; a patch that needed a dropped "
             "patch's context says so.", "",
             "| # | Patch | Forecast | Detail |", "|---|---|---|---|"]

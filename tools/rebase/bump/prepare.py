@@ -25,7 +25,8 @@ def resolve_spec(layout, spec: str) -> Pin:
     if local.exists():
         url = str(local.resolve())
     commit = resolve_git_ref(layout.cache, url, b)
-    return Pin("git", url=url, commit=commit, ref="" if b == commit else b)
+    # An abbreviated id (d98e8a64) is pinned as the full id it resolved to, not kept as a ref.
+    return Pin("git", url=url, commit=commit, ref="" if commit.startswith(b) else b)
 
 
 def _base_label(pin: Pin) -> str:

@@ -29,6 +29,9 @@ def register(sub):
     p.add_argument("--resolutions-from", metavar="LINE",
                    help="with --onto: also reuse the recorded resolutions of the line in lines/LINE/ "
                         "(a conflict it resolves is recorded in this line's own resolutions/)")
+    p.add_argument("--allow-downgrade", action="store_true",
+                   help="with --onto: move onto an older or lower-versioned base (e.g. a line onto an "
+                        "older dev commit); refused without it, a dry run only warns")
     p.add_argument("--output", help="with --dry-run: write the forecast as Markdown here")
     p.add_argument("--json", help="with --dry-run: write the forecast as JSON here")
     p.set_defaults(func=_cmd_bump)
@@ -57,6 +60,8 @@ def _cmd_bump(args, lay):
         if not args.onto or parse_spec(args.onto)[0] != "git":
             raise RebaseError("--mirror goes with --onto git:URL@ref")
         use_mirror(parse_spec(args.onto)[1], args.mirror)
+    if args.allow_downgrade and not args.onto:
+        raise RebaseError("--allow-downgrade goes with --onto SPEC")
     if (args.output or args.json) and not args.dry_run:
         raise RebaseError("--output and --json go with --dry-run")
     lender = _resolutions_lender(args, lay)
@@ -69,6 +74,9 @@ def _cmd_bump(args, lay):
         forecast.write(data, args.output, args.json)
         if not args.output:
             sys.stdout.write(forecast.render(data))
+        written = " and ".join(str(p) for p in (args.output, args.json) if p)
+        # On the terminal whatever the outputs: a forecast written to files still says how it went.
+        print(f"forecast: {forecast.outcome(data)}" + (f" (wrote {written})" if written else ""), file=sys.stderr)
         return 1 if data["would_stop"] else 0
     try:
         if args.abort:
@@ -76,7 +84,8 @@ def _cmd_bump(args, lay):
         elif args.cont:
             bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
         else:
-            bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender)
+            bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender,
+                 allow_downgrade=args.allow_downgrade)
     except Stopped as exc:
         print(str(exc), file=sys.stderr)
         return 1

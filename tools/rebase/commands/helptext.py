@@ -21,11 +21,24 @@ _COMMANDS = {
         "patches/ and .rebase/state.json.",
         "a few seconds.",
     ),
+    "edit": (
+        "Put a change into a patch below the top of the stack. Edit the files in .rebase/work "
+        "(the whole stack applied; leave the change uncommitted), or with --from-tree the generated "
+        "megatron/, then name the patch: the change is committed as a fixup! of that patch's "
+        "commit, folded in by a non-interactive git rebase --autosquash, and exported. Refuses a "
+        "change touching files the patch does not (unless --other-files); when a later patch no "
+        "longer applies over it, everything is left as it was.",
+        "the work repo's commits, patches/ (via export), .rebase/state.json, megatron/.",
+        "a few seconds.",
+    ),
     "check": (
         "What CI runs: pin checksum, series lint, strict apply with no fuzz, fresh export equal to "
-        "the committed patches, every Tests: id exists, patches/proof.json (when present) recorded for this stack, README "
+        "the committed patches, every Tests: id exists, patches/proof.json (when present) well-formed, README "
         "patch table current. Warns about "
-        "work-repo commits that were never exported. With --no-base (a line whose upstream commit "
+        "work-repo commits that were never exported. A proof record or mutant scores made on another "
+        "stack (any patch edit) are reported as STALE, not as a failure: CI re-proves the stack with "
+        "prove, and the maintainer refreshes the record at release or bump time (prove --record; "
+        "prove --mutants N --record NAMES), where --strict-records makes staleness fail. With --no-base (a line whose upstream commit "
         "CI cannot fetch) only the lints run, and the output says apply and export were not verified.",
         "nothing in the checkout's tracked files; it (re)builds commits in .rebase/work's object store.",
         "about 30 s from scratch; a few seconds when the base is cached.",

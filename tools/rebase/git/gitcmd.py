@@ -179,6 +179,30 @@ def is_full_id(text: str) -> bool:
     return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
 
 
+SHORT_ID_HINT = ("; an abbreviated commit id is resolved only from objects at hand (--mirror PATH, a local "
+                 "repository, or a commit fetched before): give the full 40-hex id")
+
+
+def is_short_id(text: str) -> bool:
+    """7 to 39 lowercase hex digits: what ``git log --oneline`` and people abbreviate ids to."""
+    return 7 <= len(text) < 40 and all(c in "0123456789abcdef" for c in text)
+
+
+def expand_short_id(repos, ref: str):
+    """The one full commit id the abbreviation ``ref`` names in the first of ``repos`` (folders,
+    bare or not; missing ones skipped) that knows it; None when ``ref`` is no abbreviation or
+    none does (unknown, or ambiguous there)."""
+    if not is_short_id(ref):
+        return None
+    for repo in repos:
+        if not Path(repo).is_dir():
+            continue
+        full = rev_parse(repo, ref)
+        if full and full.startswith(ref):
+            return full
+    return None
+
+
 def _head_from_files(repo):
     """``(symbolic ref or "", commit id)`` when ``.git/HEAD`` holds a detached id or names a
     branch whose loose ref file holds one (loose refs win over packed ones in git too); else None."""

@@ -1,4 +1,12 @@
-"""``check``: everything CI must know about the stack, collected into one list of problems."""
+"""``check``: everything CI must know about the stack, collected into one list of problems.
+
+The rule for records: ``patches/proof.json`` (``prove`` verdicts, mutant scores) and the README's
+Proof column describe the stack the maintainer last proved. A contributor's edit needs only
+apply, edit, export, check, so a record for another stack is a notice (STALE), not a problem; a
+malformed record, or one for this stack that misses patches, is a problem. CI re-proves the stack
+with ``prove``; the maintainer refreshes the records at release or bump time, where
+``check --strict-records`` makes staleness fail.
+"""
 
 
 from tools.rebase.errors import RebaseError
@@ -97,7 +105,7 @@ def lint_resolutions(layout, patch_names) -> list:
 BASELESS_NOTE = "base-less check: series and resolutions linted; apply/export not verified"
 
 
-def check_without_base(layout, log=print) -> list:
+def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     """``check --no-base``: what can be verified with no upstream base at hand (CI cannot fetch a
     line's upstream commit): pin syntax, series, patch files and trailers, Tests: ids, recorded
     resolutions and the proof record. Strict apply and export equality need the base."""
@@ -110,13 +118,36 @@ def check_without_base(layout, log=print) -> list:
     if not problems:
         log(f"series ok: {len(parsed)} patches")
     problems += lint_resolutions(layout, {p.name for p in parsed})
-    from tools.rebase.proof.record import read_record
-
     if not problems:
-        _, stale_proof = read_record(layout)
-        if stale_proof:
-            problems.append(stale_proof)
+        problems += check_records(layout, log, strict_records)
     log(BASELESS_NOTE)
+    return problems
+
+
+RECORDS_RULE = (
+    "STALE is not a failure: a contributor's edit needs only apply, edit, export, check. CI re-proves "
+    "the stack with `prove`; the maintainer refreshes patches/proof.json and the README's Proof column "
+    "at release or bump time with the commands above (`check --strict-records` fails until then).")
+
+
+def check_records(layout, log, strict_records: bool) -> list:
+    """Problems of the proof record and mutant scores; a record for another stack is logged as
+    STALE with the rule, or is a problem with ``strict_records`` (the maintainer's release check)."""
+    from tools.rebase.proof.prove_mutants import mutant_record_findings
+    from tools.rebase.proof.record import is_stale, read_record
+
+    problems, stale = [], []
+    _, proof_problem = read_record(layout)
+    (stale if is_stale(proof_problem) else problems).extend([proof_problem] if proof_problem else [])
+    mutant_problem, mutants_stale = mutant_record_findings(layout)
+    problems += [mutant_problem] if mutant_problem else []
+    stale += [mutants_stale] if mutants_stale else []
+    if strict_records:
+        return problems + [f"{notice} (--strict-records)" for notice in stale]
+    for notice in stale:
+        log(f"STALE: {notice}")
+    if stale:
+        log(f"STALE: {RECORDS_RULE}")
     return problems
 
 
@@ -130,8 +161,9 @@ def warn_unexported(layout, log) -> None:
             f"(check verifies patches/ only):\n  {shown}\nRun `python -m tools.rebase export` to keep them.")
 
 
-def check(layout, log=print) -> list:
-    """Return the list of problems (empty means the stack is healthy)."""
+def check(layout, log=print, strict_records: bool = False) -> list:
+    """Return the list of problems (empty means the stack is healthy); records for another stack
+    are logged as STALE, or are problems with ``strict_records``."""
     problems = []
     try:
         pin = load_pin(layout.pin)
@@ -165,17 +197,8 @@ def check(layout, log=print) -> list:
     if not problems:
         log("fresh export is byte-identical")
     from tools.rebase.proof.listing import readme_is_stale
-    from tools.rebase.proof.record import read_record
 
-    _, stale_proof = read_record(layout)
-    if stale_proof:
-        problems.append(stale_proof)
-    from tools.rebase.proof.prove_mutants import mutant_record_problem
-
-    stale_mutants = mutant_record_problem(layout)
-    if stale_mutants:
-        problems.append(stale_mutants)
-
+    problems += check_records(layout, log, strict_records)
     if readme_is_stale(layout):
         problems.append(f"{layout.rel(layout.readme)}: the patch table is stale; run python -m tools.rebase "
                         f"list --update-readme{layout.line_flag}")

@@ -21,7 +21,9 @@ def _tests_cell(node_ids) -> str:
 
 
 def _proof_cell(entry) -> str:
-    """The ``prove`` verdict recorded in patches/proof.json for this exact stack."""
+    """The ``prove`` verdict patches/proof.json records for this patch name. The record may be for
+    an earlier stack (a contributor's edit does not re-prove): ``check`` says so as a notice, and
+    the maintainer refreshes record and column together with ``prove --record``."""
     if entry is None:
         return "not recorded"
     if entry["verdict"] == "proven":
@@ -30,11 +32,11 @@ def _proof_cell(entry) -> str:
 
 
 def patch_table(layout) -> str:
-    from tools.rebase.proof.record import read_record
+    from tools.rebase.proof.record import recorded_verdicts
 
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
-    proofs, _ = read_record(layout)
+    proofs = recorded_verdicts(layout)
     rows = [
         f"Base: `{pin.display}`\n",
         "| # | Patch | What it does | Upstream-Status | Tests | Proof |",

@@ -25,7 +25,7 @@ from tools.rebase.stack.materialize import materialize, upstream_version
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import load_stack
 from tools.rebase.stack.source import base_tag, import_base
-from tools.rebase.stack.stack import am_one
+from tools.rebase.stack.stack import am_one, select  # noqa: F401  (select: re-exported)
 from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.parallel import CHILDREN, run_groups
 from tools.rebase.proof.record import GPU_ONLY, PROVEN, UNPROVEN
@@ -233,20 +233,6 @@ def _build_importable(repo: Path, run: Path, start: str, later: list, version: s
         if not culprits:
             return dropped + [f"(megatron does not import: {broken})"]
         skip |= culprits
-
-
-def select(patches: list, wanted, command: str = "prove") -> list:
-    """Indices of the patches named in ``wanted`` (Patch-Name, file name or number); all if empty."""
-    if not wanted:
-        return list(range(len(patches)))
-    out = []
-    for want in wanted:
-        hits = [i for i, p in enumerate(patches)
-                if want in (p.name, p.path.name, p.path.name[:4]) or want.lstrip("0") == str(i + 1)]
-        if not hits:
-            raise RebaseError(f"{command}: no patch in the series is named {want!r}")
-        out.extend(h for h in hits if h not in out)
-    return sorted(out)
 
 
 @contextmanager

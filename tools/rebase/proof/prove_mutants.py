@@ -245,25 +245,33 @@ def write_mutant_record(layout, scores: list, count: int, seed: int, proved_dige
     return path
 
 
-def mutant_record_problem(layout):
-    """Why some recorded mutant scores do not describe this stack, or None (also when none)."""
+def mutant_record_findings(layout):
+    """``(problem, stale)``: why the recorded mutant scores are malformed (a failure of ``check``),
+    and which of them were scored on another stack up to their patch (a notice: the maintainer
+    re-scores them at release or bump time). Each is None when there is nothing to say."""
     path = proof_path(layout)
     if not path.is_file():
-        return None
+        return None, None
     try:
         record = json.loads(path.read_text()).get("mutants")
     except (ValueError, AttributeError) as exc:
-        return f"patches/proof.json: not a proof record ({exc})"
+        return f"patches/proof.json: not a proof record ({exc})", None
     if record is None:
-        return None
+        return None, None
     entries = record.get("patches") if isinstance(record, dict) else None
-    if not isinstance(entries, dict):
-        return "patches/proof.json: the mutant record has no per-patch entries"
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        return "patches/proof.json: the mutant record has no per-patch entries", None
     prefixes = prefix_digests(layout)
-    stale = sorted(name for name, entry in entries.items()
-                   if not isinstance(entry, dict) or entry.get("prefix_digest") != prefixes.get(name))
-    if stale:
-        return (f"patches/proof.json: mutant scores of {', '.join(stale)} were recorded on another "
-                f"stack up to that patch; run python -m tools.rebase prove --mutants N --record "
-                f"{' '.join(stale)}")
-    return None
+    stale = sorted(name for name, entry in entries.items() if entry.get("prefix_digest") != prefixes.get(name))
+    if not stale:
+        return None, None
+    counts = {entries[name].get("count") for name in stale}
+    count = counts.pop() if len(counts) == 1 and type(next(iter(counts))) is int else "N"
+    gone = [name for name in stale if name not in prefixes]
+    rescore = [name for name in stale if name in prefixes]
+    command = (f"python -m tools.rebase prove --mutants {count} --record{layout.line_flag} {' '.join(rescore)}"
+               if rescore else "")
+    return None, (f"patches/proof.json: mutant scores of {', '.join(stale)} were recorded on another "
+                  f"stack up to that patch" + (f" ({', '.join(gone)} no longer in the series)" if gone else "")
+                  + (f"; re-score them with {command}" if command else
+                     "; the next prove --mutants --record drops them"))

@@ -63,28 +63,58 @@ def _bad_entry(entry: dict):
     return None
 
 
-def read_record(layout):
-    """``(verdicts by patch name, problem)``: verdicts only when the record matches this stack."""
+def _load(layout):
+    """``(verdicts by name as recorded, recorded digest, problem)`` of a well-formed record, for
+    whatever stack it was made on; a malformed record is a problem, not a stale one."""
     path = proof_path(layout)
     if not path.is_file():
-        return {}, None
+        return {}, None, None
     where = layout.rel(path)
     try:
         data = json.loads(path.read_text())
         if isinstance(data, dict) and set(data) == {"mutants"}:
-            return {}, None  # mutant scores recorded before any prove --record: no verdicts yet
+            return {}, None, None  # mutant scores recorded before any prove --record: no verdicts yet
         digest = data["stack_digest"]
         verdicts = {entry["name"]: entry for entry in data["patches"]}
     except (ValueError, KeyError, TypeError) as exc:
-        return {}, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
+        return {}, None, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
+    if not isinstance(digest, str):
+        return {}, None, f"{where}: stack_digest {digest!r} is not a string"
     for entry in data["patches"]:
         bad = _bad_entry(entry)
         if bad:
-            return {}, f"{where}: entry {entry.get('name')!r}: {bad}; run prove --record"
+            return {}, None, f"{where}: entry {entry.get('name')!r}: {bad}; run prove --record"
+    return verdicts, digest, None
+
+
+def recorded_verdicts(layout) -> dict:
+    """The committed verdicts by patch name, whatever stack they were recorded on ({} when the
+    record is missing or malformed): what the README's Proof column shows until the maintainer
+    refreshes the record at release or bump time."""
+    return _load(layout)[0]
+
+
+def read_record(layout):
+    """``(verdicts by patch name, problem)``: verdicts only when the record matches this stack.
+
+    A record for another stack comes back as a problem that :func:`is_stale` tells apart from a
+    malformed one: ``check`` reports the first as stale, the second as a failure."""
+    verdicts, digest, problem = _load(layout)
+    if problem or digest is None:
+        return {}, problem
+    where = layout.rel(proof_path(layout))
     _, patches = load_stack(layout)
     if digest != current_digest(layout, patches):
-        return {}, (f"{where}: recorded for another stack (digest {str(digest)[:12]}); "
-                    f"run python -m tools.rebase prove --record")
+        return {}, (f"{where}: {STALE_MARK} (digest {digest[:12]}); "
+                    f"refresh it with python -m tools.rebase prove --record{layout.line_flag}")
     if set(verdicts) != {p.name for p in patches}:
         return {}, f"{where}: does not cover exactly the patches of the series; run prove --record"
     return verdicts, None
+
+
+STALE_MARK = "recorded for another stack"
+
+
+def is_stale(problem) -> bool:
+    """True for :func:`read_record`'s "another stack" problem (a well-formed, outdated record)."""
+    return bool(problem) and STALE_MARK in problem

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.gitcmd import cat_objects, git, git_proc, rev_parse
+from tools.rebase.git.gitcmd import SHORT_ID_HINT, cat_objects, expand_short_id, git, git_proc, is_short_id, rev_parse
 from tools.rebase.stack.pin import Pin
 
 UPSTREAM_NAME = "Upstream import"
@@ -364,8 +364,14 @@ def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     with _git_cache(cache, url) as mirror:
         _borrow(mirror, _local_objects(url))
         proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
+        full = None
+        if proc.returncode != 0:  # fetch takes full ids only: look an abbreviation up in the objects at hand
+            full = expand_short_id([mirror, Path(_local_url(url))], ref)
+            if full:
+                proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), full, cwd=mirror)
         if proc.returncode != 0:
-            raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}")
+            hint = SHORT_ID_HINT if is_short_id(ref) and not full else ""
+            raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}{hint}")
         commit = rev_parse(mirror, "FETCH_HEAD")
         if not commit:
             raise RebaseError(f"{url}: {ref!r} does not name a commit")

@@ -277,3 +277,17 @@ def write_patch_dir(patches_dir: Path, files: list, series_text: str) -> bool:
     finally:
         shutil.rmtree(staged, ignore_errors=True)  # after the switch it holds the old folder
     return True
+
+
+def select(patches: list, wanted, command: str = "prove") -> list:
+    """Indices of the patches named in ``wanted`` (Patch-Name, file name or number); all if empty."""
+    if not wanted:
+        return list(range(len(patches)))
+    out = []
+    for want in wanted:
+        hits = [i for i, p in enumerate(patches)
+                if want in (p.name, p.path.name, p.path.name[:4]) or want.lstrip("0") == str(i + 1)]
+        if not hits:
+            raise RebaseError(f"{command}: no patch in the series is named {want!r}")
+        out.extend(h for h in hits if h not in out)
+    return sorted(out)

@@ -163,7 +163,9 @@ def refuse_changed_patches(layout, state: dict) -> None:
         )
 
 
-def _export(layout, log, replace_patches=False) -> bool:
+def _export(layout, log, replace_patches=False, edits_taken=False) -> bool:
+    """``edits_taken``: ``edit --from-tree`` has just moved megatron/'s hand edits into the work
+    repo, so they are not lost when megatron/ is written again."""
     refuse_during_bump(layout, "export")
     pin = load_pin(layout.pin)
     work = layout.work
@@ -176,7 +178,7 @@ def _export(layout, log, replace_patches=False) -> bool:
             f"{work} has uncommitted changes; commit them (one commit per patch) before exporting. "
             f"Nothing was written."
         )
-    edits = local_edits(layout.package)
+    edits = [] if edits_taken else local_edits(layout.package)
     if edits:  # checked before writing: export re-materializes megatron/ afterwards
         raise RebaseError(
             f"{layout.package} has local edits that export would overwrite: {', '.join(edits[:10])}"
@@ -187,7 +189,7 @@ def _export(layout, log, replace_patches=False) -> bool:
     tip = rev_parse(work, "HEAD")
     changed, patches, version = write_patches(layout, pin, base, tip)
     git("checkout", "-q", "-B", BRANCH, tip, cwd=work)
-    materialize(work, layout.package, version)
+    materialize(work, layout.package, version, force=edits_taken)
     log(f"exported {len(patches)} patches to {layout.patches}" + ("" if changed else " (no changes)"))
     return changed
 
