@@ -30,6 +30,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from tools.rebase.git.safefs import write_file
 
 
 def _isolate(root):
@@ -88,7 +89,7 @@ def write_shim(directory: Path) -> Path:
     """Write the ``sitecustomize`` into ``directory`` (made if missing); return it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    write_file(directory, directory / "sitecustomize.py", _SITECUSTOMIZE)
     return directory
 
 
