@@ -18,6 +18,8 @@ isolated the same way.
 import os
 from pathlib import Path
 
+from tools.rebase.git.safefs import write_file
+
 ROOT_VARIABLE = "FORK_ISOLATED_ROOT"
 
 # Variables that add import paths or run code at start-up; none may leak into a proof.
@@ -30,7 +32,6 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from tools.rebase.git.safefs import write_file
 
 
 def _isolate(root):

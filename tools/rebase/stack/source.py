@@ -20,8 +20,7 @@ from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import cat_objects, git, git_proc, rev_parse
 from tools.rebase.stack.pin import Pin
-from tools.rebase.git.safefs import write_file
-from tools.rebase.git.safefs import extract_tar
+from tools.rebase.git.safefs import extract_tar, write_file
 
 UPSTREAM_NAME = "Upstream import"
 UPSTREAM_EMAIL = "upstream@megatron-rl-fork.invalid"
