@@ -7,14 +7,21 @@ so anything that depends on ``megatron-core`` resolves to the fork.
 
 ``MEGATRON_FORK_SKIP_APPLY=1`` skips the apply when ``megatron/`` exists (a read-only checkout that
 is already materialized, or a build that prepared it itself); the package is then that folder as
-it is. This file is code of the checkout (see README, "Security model"): CI runs the pull
-request's own copy of it.
+it is. This file is code of the checkout (docs/security.md): CI runs the pull request's own copy
+of it. What it does about the data a pull request can commit next to it: setuptools builds in a
+private temporary folder (a committed ``build/`` or ``*.egg-info`` is never read), a ``setup.cfg``
+or ``MANIFEST.in`` (setuptools would read options, data files or an sdist's file list from them;
+the fork has neither) is refused, and the apply runs isolated (``python -I``: nothing importable
+from the checkout, such as a ``sitecustomize.py``, runs at interpreter start).
 """
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
@@ -23,9 +30,37 @@ ROOT = Path(__file__).resolve().parent
 STAMP = re.compile(r"^__version__ = '([^']+)'$", re.M)
 
 
+# Files setuptools reads from the source folder on its own: build options, data files to install
+# anywhere, an sdist's file list. The fork has none; one a pull request commits is refused.
+SETUPTOOLS_INPUTS = ("setup.cfg", "MANIFEST.in")
+# Runs the tool's apply with nothing of the checkout on the path at interpreter start (-I drops
+# PYTHONPATH, the user site and the current folder), then puts the checkout's tools/ first.
+APPLY = "import sys; sys.path.insert(0, sys.argv.pop(1)); from tools.rebase.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
 def building_from_sdist() -> bool:
-    """True inside an unpacked sdist: it already holds the patched megatron/ and no patch stack."""
-    return (ROOT / "PKG-INFO").is_file() and not (ROOT / "patches").is_dir()
+    """True inside an unpacked sdist: it already holds the patched megatron/ and no patch stack (a
+    git checkout never counts: a pull request could delete patches/ and commit PKG-INFO)."""
+    return ((ROOT / "PKG-INFO").is_file() and not (ROOT / "patches").is_dir()
+            and not os.path.lexists(ROOT / ".git"))
+
+
+def refuse_setuptools_inputs() -> None:
+    found = [name for name in SETUPTOOLS_INPUTS if os.path.lexists(ROOT / name)]
+    if found:
+        sys.exit(f"{ROOT}: refusing to build with {', '.join(found)}: setuptools would take build options, "
+                 f"files to install or the sdist's file list from it, and the fork has none (a pull request "
+                 f"committed it?). Remove it; setup.py holds all of the build's settings.")
+
+
+def private_build_folders() -> dict:
+    """setuptools' build and egg-info folders in a fresh temporary folder, removed at exit: a
+    ``build/lib`` or ``*.egg-info`` the checkout carries (committed, or left by an older build) is
+    never copied into the wheel."""
+    tmp = Path(tempfile.mkdtemp(prefix="megatron-fork-build-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    (tmp / "egg").mkdir()
+    return {"build": {"build_base": str(tmp / "build")}, "egg_info": {"egg_base": str(tmp / "egg")}}
 
 
 def materialize() -> None:
@@ -45,8 +80,7 @@ def materialize() -> None:
         file=sys.stderr,
         flush=True,
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "apply"], cwd=ROOT, env=env)
+    proc = subprocess.run([sys.executable, "-I", "-c", APPLY, str(ROOT), "-C", str(ROOT), "apply"], cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"materializing the patched tree failed (python -m tools.rebase apply exited {proc.returncode})")
 
@@ -59,9 +93,11 @@ def fork_version() -> str:
     return stamps[-1]
 
 
+refuse_setuptools_inputs()
 materialize()
 
 setup(
+    options=private_build_folders(),
     name="megatron-core",
     version=fork_version(),
     description="Megatron-core with a maintained RL patch series (MTP, mHC, R3 routing replay)",

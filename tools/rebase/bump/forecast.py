@@ -14,7 +14,6 @@ edits in ``megatron/``, unlisted patch files, a bump in progress) is reported as
 """
 
 import json
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, init_borrowing
 from tools.rebase.git.paths import Layout
 from tools.rebase.stack.state import read_state
+from tools.rebase.git.safefs import copy_entry, write_file
 
 SCHEMA = "fork-rebase-forecast/1"
 
@@ -41,15 +41,15 @@ class ScratchLayout(Layout):
 def _scratch(layout, tmp: Path) -> ScratchLayout:
     root = tmp / "checkout"
     root.mkdir()
-    shutil.copy2(layout.pin, root / "upstream.toml")
+    copy_entry(root, layout.pin, root / "upstream.toml")
     from tools.rebase.stack.series import read_series
 
     listed = set(read_series(layout.series).names)
     # Only what the series lists (and the recorded resolutions): a stray *.patch file is not part of
     # the stack, it only makes a real bump refuse (reported as a warning). Links stay links, so the
     # scratch refuses them as a real bump would, instead of copying their targets in.
-    shutil.copytree(layout.patches, root / "patches", symlinks=True,
-                    ignore=lambda d, names: [n for n in names if Path(d) == layout.patches
+    copy_entry(root, layout.patches, root / "patches",
+               ignore=lambda d, names: [n for n in names if Path(d) == layout.patches
                                              and n.endswith(".patch") and n not in listed])
     scratch = ScratchLayout(root, shared_cache=layout.cache)
     real = layout.work
@@ -64,7 +64,7 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
             git("update-ref", "--stdin", cwd=work, input=feed)
         tip = read_state(layout, tolerate_corrupt=True).get("tip")
         if tip and git_proc("cat-file", "-e", f"{tip}^{{commit}}", cwd=work).returncode == 0:
-            shutil.copy2(layout.state_file, scratch.state_file)  # the stack is built: reuse it
+            copy_entry(root, layout.state_file, scratch.state_file)  # the stack is built: reuse it
             git("update-ref", "refs/heads/patched", tip, cwd=work)
             git("checkout", "-q", "-f", "patched", cwd=work)
     return scratch
@@ -281,5 +281,4 @@ def _cell(text: str) -> str:
 def write(data: dict, md: Path = None, js: Path = None) -> None:
     for path, text in ((md, render(data)), (js, json.dumps(data, indent=2, sort_keys=True) + "\n")):
         if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+            write_file(Path(path).parent, Path(path), text)

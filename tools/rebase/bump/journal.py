@@ -23,6 +23,7 @@ from tools.rebase.git.gitcmd import git, git_proc, read_head
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 from tools.rebase.bump.journal_records import Backup, CorruptJournal, Journal, _build
+from tools.rebase.git.safefs import copy_entry, read_nofollow, write_file
 
 
 def bump_dir(layout) -> Path:
@@ -86,10 +87,7 @@ def save(layout, journal: Journal) -> None:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    if src.is_dir() and not src.is_symlink():
-        shutil.copytree(src, dst, symlinks=True)
-    else:
-        shutil.copy2(src, dst, follow_symlinks=False)
+    copy_entry(dst.parent, src, dst)
 
 
 def _remove(path: Path) -> None:
@@ -117,7 +115,7 @@ def begin(layout, journal: Journal) -> Journal:
             _copy(live, backup / name)
             present.append(name)
     work = layout.work
-    shutil.copy2(work / ".git" / "config", backup / "work-config")
+    copy_entry(backup, work / ".git" / "config", backup / "work-config")
     head_ref, head = read_head(work)
     saved = Backup(present=present, work_refs=work_refs(work), work_head_ref=head_ref, work_head=head)
     saved.validate()
@@ -184,7 +182,7 @@ def restore(layout) -> None:
         git("clean", "-q", "-fd", cwd=work)
         (work / ".git" / "MERGE_RR").unlink(missing_ok=True)
         if (backup / "work-config").is_file():
-            shutil.copy2(backup / "work-config", work / ".git" / "config")
+            write_file(work, work / ".git" / "config", read_nofollow(backup / "work-config"))
     present = set(saved.present)
     for name, live in _saved_paths(layout):
         staging = live.with_name(live.name + ".bump-restore")

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import write_file
 
 
 class _Root:
@@ -80,8 +81,8 @@ def _stack_at(lay, rev):
         for name in names:
             if name == "series" or name.endswith(".patch"):
                 data = git("show", f"{rev}:{patches_at}/{name}", cwd=lay.root, binary=True)
-                (root / "patches" / name).write_bytes(data)
-        (root / "upstream.toml").write_bytes(git("show", f"{rev}:{pin_at}", cwd=lay.root, binary=True))
+                write_file(root, root / "patches" / name, data)
+        write_file(root, root / "upstream.toml", git("show", f"{rev}:{pin_at}", cwd=lay.root, binary=True))
         sub = Layout(root)
         pin = load_pin(sub.pin)
         _, patches = load_stack(sub)

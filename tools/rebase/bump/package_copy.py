@@ -17,6 +17,7 @@ from pathlib import Path
 from tools.rebase.bump.journal import _remove, backup_dir
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, refuse_unmarked
 from tools.rebase.stack.materialize import local_edits, swap_in
+from tools.rebase.git.safefs import copy_entry, write_file
 
 SAVED = "package"  # the copy of megatron/, in the backup folder
 ABSENT = "package.absent"  # megatron/ did not exist before the bump
@@ -39,10 +40,10 @@ def save_package(layout) -> None:
     for stale in (backup / SAVED, backup / (SAVED + ".tmp"), backup / ABSENT):
         _remove(stale)
     if not live.is_dir():
-        (backup / ABSENT).write_text("megatron/ did not exist before the bump\n")
+        write_file(backup, backup / ABSENT, "megatron/ did not exist before the bump\n")
         return
     staging = backup / (SAVED + ".tmp")
-    shutil.copytree(live, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copy_entry(backup, live, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     os.replace(staging, backup / SAVED)
 
 
@@ -67,6 +68,6 @@ def restore_package(layout, log) -> bool:
             os.replace(live, staging)
             shutil.rmtree(staging)
         return True
-    shutil.copytree(saved, staging, symlinks=True)
+    copy_entry(layout.root, saved, staging)
     swap_in(staging, live)
     return True

@@ -12,6 +12,7 @@ from pathlib import Path
 from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc
+from tools.rebase.git.safefs import copy_entry, write_file
 
 RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
 
@@ -55,7 +56,7 @@ def import_resolutions(store: Path, work: Path) -> int:
             target.mkdir(parents=True, exist_ok=True)
             for image in _images(entry):
                 if not (target / image.name).exists():
-                    shutil.copyfile(image, target / image.name)
+                    copy_entry(cache, image, target / image.name)
             count += 1
     return count
 
@@ -81,7 +82,7 @@ def adopt(lender: Path, store: Path, patch_name: str) -> list:
             _refuse_links(image)
         target.mkdir(parents=True)
         for image in images:
-            shutil.copyfile(image, target / image.name)
+            copy_entry(store, image, target / image.name)
         copied.append(entry.name)
     return copied
 
@@ -137,7 +138,7 @@ def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> l
         for source, dest in ((pre, target / "preimage"), (post, target / "postimage")):
             data = source.read_bytes()
             if not dest.is_file() or dest.read_bytes() != data:
-                dest.write_bytes(data)
+                write_file(store, dest, data)
     return missing
 
 
@@ -182,7 +183,7 @@ def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, c
         for dest, source in ((target / "preimage", blob), (target / "postimage", after)):
             data = git("cat-file", "blob", source, cwd=work, binary=True)
             if not dest.is_file() or dest.read_bytes() != data:
-                dest.write_bytes(data)
+                write_file(store, dest, data)
         written.append(blob)
     return written
 
@@ -247,7 +248,7 @@ def apply_merge_edits(work: Path, blobs: dict) -> list:
         target = work / path
         if target.is_symlink():
             raise RebaseError(f"{target}: a recorded merge edit must not write through a link")
-        target.write_bytes((rr_cache(work) / blob / "postimage").read_bytes())
+        write_file(work, target, (rr_cache(work) / blob / "postimage").read_bytes())
         git("add", "--", path, cwd=work)
         changed.append(path)
     return changed

@@ -13,6 +13,7 @@ from tools.rebase.bump.stopped import Stopped
 from tools.rebase.git.gitcmd import git
 from tools.rebase.proof.testrun import COULD_NOT_RUN
 from tools.rebase.stack.materialize import materialize
+from tools.rebase.git.safefs import write_file
 
 
 def pytest_runner(layout, name: str, node_ids: list) -> dict:
@@ -41,7 +42,7 @@ def _tested_pin(pin_text: str):
     old = os.environ.get(TESTED_PIN_VARIABLE)
     with tempfile.TemporaryDirectory(prefix="fork-tested-pin-") as tmp:
         pin = Path(tmp) / "upstream.toml"
-        pin.write_text(pin_text)
+        write_file(Path(tmp), pin, pin_text)
         os.environ[TESTED_PIN_VARIABLE] = str(pin)
         try:
             yield

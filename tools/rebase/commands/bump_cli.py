@@ -7,6 +7,7 @@ from pathlib import Path
 from tools.rebase.bump.lastreport import _tests_for, report_between_states, report_last_bump
 from tools.rebase.commands.helptext import add_command
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import write_file
 
 _RANGE = re.compile(r"^(?P<base>[^.\s][^\s]*?)\.\.(?P<tip>[^.\s][^\s]*)$")
 
@@ -155,7 +156,7 @@ def _cmd_report(args, lay):
             from tools.rebase.report.report import dumps
 
             if args.json:
-                Path(args.json).write_text(dumps(data))
+                write_file(Path(args.json).parent, Path(args.json), dumps(data))
             sys.stdout.write(render_markdown(data))
             return 0
         write_report(data, Path(args.output), Path(args.json) if args.json else None)

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import write_file
 
 COMMITTER_NAME = "Megatron RL fork tooling"
 COMMITTER_EMAIL = "rebase@megatron-rl-fork.invalid"
@@ -256,5 +257,5 @@ def init_borrowing(repo: Path, lender: Path, *init_args) -> bool:
     objects = lender / ".git" / "objects"
     if not objects.is_dir():
         return False
-    (repo / ".git" / "objects" / "info" / "alternates").write_text(f"{objects.resolve()}\n")
+    write_file(repo, repo / ".git" / "objects" / "info" / "alternates", f"{objects.resolve()}\n")
     return True

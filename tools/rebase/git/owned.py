@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import create_new
 
 STAMP_SUFFIX = ".stamp"
 WORK_MARKER = "megatron-rebase-work"  # in the .git of every work repo the tool creates
@@ -29,12 +30,8 @@ def mark(git_dir: Path, name: str, purpose: str) -> None:
     """Write ``git_dir/name`` (and its stamp) for a repository the tool has just created."""
     git_dir = Path(git_dir)
     stamp = git_dir / (name + STAMP_SUFFIX)
-    fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    os.close(fd)
-    text = _text(purpose, os.lstat(stamp))
-    fd = os.open(git_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
+    create_new(git_dir, stamp, b"")
+    create_new(git_dir, git_dir / name, _text(purpose, os.lstat(stamp)))
 
 
 def is_marked(git_dir: Path, name: str, purpose: str) -> bool:

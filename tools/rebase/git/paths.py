@@ -36,6 +36,10 @@ def find_root(start=None) -> Path:
     raise RebaseError(f"no {PIN_FILE} and patches/ found in {here} or any parent directory")
 
 
+# Build output of setuptools and build, at the checkout's top: never committed (``refuse_tracked``).
+BUILD_OUTPUT = ("build", "dist", ":(glob)*.egg-info/**")
+
+
 @dataclass(frozen=True)
 class Layout:
     """All paths the tool reads or writes, relative to one checkout root, for one line of the stack.
@@ -175,7 +179,7 @@ class Layout:
 
         env = {"GIT_DIR": str(self.root / ".git"), "GIT_WORK_TREE": str(self.root)}
         try:
-            proc = git_proc("ls-files", "-z", "--", STATE_DIR, "megatron", cwd=self.root, env=env)
+            proc = git_proc("ls-files", "-z", "--", STATE_DIR, "megatron", *BUILD_OUTPUT, cwd=self.root, env=env)
         except OSError as exc:
             raise RebaseError(f"{self.root}: git could not be run to list the files tracked under "
                               f"{STATE_DIR}/ and megatron/ ({exc}); nothing was read or written") from None
@@ -190,6 +194,14 @@ class Layout:
                 f"passed over like a tarball; repair the repository (a damaged index: remove .git/index "
                 f"and run git reset) and rerun; nothing was read or written")
         tracked = [p for p in proc.stdout.split("\0") if p]
+        built = [p for p in tracked if not p.startswith((f"{STATE_DIR}/", "megatron/"))]
+        if built:
+            shown = ", ".join(built[:5]) + (f" and {len(built) - 5} more" if len(built) > 5 else "")
+            raise RebaseError(
+                f"{self.root}: {shown} {'is' if len(built) == 1 else 'are'} tracked by git, but build/, "
+                f"dist/ and *.egg-info/ are build output, never committed: a build could ship a committed "
+                f"file from there (build/lib/sitecustomize.py would run at every interpreter start). Remove "
+                f"it from the commit (git rm -r --cached -- build dist '*.egg-info'); nothing was read or written")
         if tracked:
             shown = ", ".join(tracked[:5]) + (f" and {len(tracked) - 5} more" if len(tracked) > 5 else "")
             raise RebaseError(

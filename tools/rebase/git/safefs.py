@@ -5,11 +5,16 @@ folder on the way) as a symlink to a file outside the checkout. Every write ther
 component below the checkout root with ``lstat`` (a link is an error naming it), opens the final
 file with ``O_NOFOLLOW``, and replaces files through a temporary created exclusively
 (``mkstemp``: ``O_CREAT|O_EXCL``, a random name) in the target folder.
+
+This module is the tool's only writer of files: ``tests/tools/test_one_writer.py`` walks the
+package's source for any other write (``open`` for writing, ``write_text``, ``shutil.copy*``,
+``os.open`` with ``O_CREAT`` ...) and fails naming it.
 """
 
 import ctypes
 import errno
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -93,6 +98,46 @@ def write_file(root: Path, path: Path, data, mode: int = 0o644) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def create_new(root: Path, path: Path, data, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path``, which must not exist yet (``O_CREAT|O_EXCL|O_NOFOLLOW``): for a
+    file whose creation itself is the point (a marker, its stamp), never a rename of a temporary."""
+    refuse_links_below(root, Path(path).parent)
+    if isinstance(data, str):
+        data = data.encode()
+    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def exclusive_temp(folder: Path, prefix: str, suffix: str):
+    """``(file object, path)`` of a new file with a random name in ``folder`` for streaming into
+    (a download); the caller renames it into place or removes it."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    return os.fdopen(fd, "wb"), Path(tmp)
+
+
+def copy_entry(root: Path, src: Path, dst: Path, ignore=None) -> None:
+    """Copy ``src`` (a file, a folder or a link, which stays a link) to ``dst``, which must not exist:
+    a folder is copied whole with links kept as links, a file through ``write_file``."""
+    src, dst = Path(src), Path(dst)
+    refuse_links_below(root, dst.parent)
+    if os.path.lexists(dst):
+        raise RebaseError(f"{dst}: already exists; the tool copies only to a new path")
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, ignore=ignore)
+    else:
+        write_file(root, dst, read_nofollow(src), stat.S_IMODE(os.lstat(src).st_mode))
+
+
+def extract_tar(tar, dest: Path) -> None:
+    """Extract the open ``tar`` into ``dest`` (no link on the way; tarfile's ``data`` filter: no
+    links, devices or paths outside ``dest`` in the archive)."""
+    refuse_links_below(Path(dest).parent, dest)
+    tar.extractall(dest, filter="data")
 
 
 def read_nofollow(path: Path) -> bytes:

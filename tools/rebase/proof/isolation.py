@@ -18,6 +18,8 @@ isolated the same way.
 import os
 from pathlib import Path
 
+from tools.rebase.git.safefs import write_file
+
 ROOT_VARIABLE = "FORK_ISOLATED_ROOT"
 
 # Variables that add import paths or run code at start-up; none may leak into a proof.
@@ -88,7 +90,7 @@ def write_shim(directory: Path) -> Path:
     """Write the ``sitecustomize`` into ``directory`` (made if missing); return it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    write_file(directory, directory / "sitecustomize.py", _SITECUSTOMIZE)
     return directory
 
 

@@ -31,6 +31,7 @@ from tools.rebase.proof.parallel import CHILDREN, run_groups
 from tools.rebase.proof.record import GPU_ONLY, PROVEN, UNPROVEN
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
+from tools.rebase.git.safefs import copy_entry
 
 # What the run directory needs from the checkout besides the scratch megatron/.
 _RUN_COPIES = ("tests", "tools", "pytest.ini", "upstream.toml")
@@ -169,11 +170,9 @@ def _prepare_run_dir(layout, run: Path) -> None:
         src = layout.pin if name == "upstream.toml" else layout.root / name  # a line's own pin
         if src.is_symlink():
             raise RebaseError(f"prove: {src} must not be a symlink; nothing was run")
-        if src.is_dir():
-            shutil.copytree(src, run / name, symlinks=True, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, run / name)
-    shutil.copy2(Path(__file__).with_name("prove_report.py"), run / f"{_PLUGIN}.py")
+        if src.is_dir() or src.is_file():
+            copy_entry(run, src, run / name, ignore=ignore)
+    copy_entry(run, Path(__file__).with_name("prove_report.py"), run / f"{_PLUGIN}.py")
     if layout.cache.is_dir():  # tests that need the pinned sdist (the upstream oracle) find it here
         (run / ".rebase").mkdir()
         (run / ".rebase" / "cache").symlink_to(layout.cache.resolve(), target_is_directory=True)

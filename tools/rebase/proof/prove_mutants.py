@@ -11,7 +11,6 @@ counted as equivalent, not as a survivor. ``--record`` stores the scores under `
 
 import functools
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from tools.rebase.proof.prove import (
 from tools.rebase.proof.record import proof_path, stack_digest_now
 from tools.rebase.stack.series import load_stack
 from tools.rebase.proof.testids import missing_test
+from tools.rebase.git.safefs import write_file
 
 EQUIVALENTS_FILE = "mutants-equivalent.toml"
 
@@ -154,13 +154,13 @@ def mutate(layout, wanted=None, count=10, seed=0, log=print, runner=None, jobs=1
             slot_run = build(slot, index)
             target = slot_run / mutant.path
             original = target.read_text()
-            target.write_text(apply_mutant(original, mutant))
+            write_file(slot_run, target, apply_mutant(original, mutant))
             try:
                 return _outcome(mutant_runner(slot_run, mine))
             except RebaseError:  # pytest could not even report: the tree does not import
                 return "killed"
             finally:
-                target.write_text(original)
+                write_file(slot_run, target, original)
 
         scores = []
 
@@ -239,9 +239,7 @@ def write_mutant_record(layout, scores: list, count: int, seed: int, proved_dige
         entries[s.name] = {**asdict(s), "score": s.score, "count": count, "seed": seed,
                            "prefix_digest": prefixes[s.name], "python": platform.python_version()}
     data["mutants"] = {"patches": entries}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_file(layout.root, path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 
 

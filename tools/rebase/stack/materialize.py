@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import copy_entry, write_file
 
 PACKAGE_DIR = "megatron"
 MANIFEST = ".fork-manifest.json"
@@ -130,14 +131,14 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
     for stale in target.parent.glob(target.name + ".tmp-*"):  # left by a killed run (callers hold the lock)
         shutil.rmtree(stale, ignore_errors=True)
     staging = target.with_name(f"{target.name}.tmp-materialize-{os.getpid()}")
-    shutil.copytree(source, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copy_entry(target.parent, source, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     info = staging / VERSION_FILE
-    info.write_text(info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
+    write_file(staging, info, info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
     manifest = _hash_tree(staging)
     if target.exists() and (target / MANIFEST).is_file() and _hash_tree(target) == manifest:
         shutil.rmtree(staging)
         return False
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=0, sort_keys=True))
+    write_file(staging, staging / MANIFEST, json.dumps(manifest, indent=0, sort_keys=True))
     swap_in(staging, target)
     return True
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tools.rebase.git import names
+from tools.rebase.stack import mailheaders
 from tools.rebase.errors import RebaseError
 
 FILE_NAME = re.compile(r"^(?P<number>\d{4})-(?P<slug>[a-z0-9][a-z0-9.-]*)\.patch$")
@@ -188,22 +189,8 @@ def parse_patch(path: Path) -> PatchFile:
     lines = text.split("\n")
     if not lines[0].startswith("From "):
         raise RebaseError(f"{where}:1: not a git format-patch file (first line must be 'From <sha> ...')")
-    headers, i = {}, 1
-    last = None
-    while i < len(lines) and lines[i] != "":
-        line = lines[i]
-        if line[:1] in (" ", "\t") and last:
-            headers[last] += " " + line.strip()
-        elif ":" in line:
-            last, _, value = line.partition(":")
-            headers[last] = value.strip()
-        else:
-            raise RebaseError(f"{where}:{i + 1}: malformed mail header {line!r}")
-        i += 1
-    for required in ("From", "Subject"):
-        if required not in headers:
-            raise RebaseError(f"{where}: missing '{required}:' header")
-    subject = headers["Subject"]
+    headers, i = mailheaders.read_headers(where, lines)
+    subject = headers["subject"]
     body_start = i + 1
     diff_start = None
     for j in range(body_start, len(lines)):

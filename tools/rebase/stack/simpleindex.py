@@ -21,6 +21,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import exclusive_temp
 
 MAX_BYTES = 1 << 30  # an sdist larger than 1 GiB is not the one we pin
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -171,10 +172,10 @@ def download(url: str, expected: str, folder: Path, config=None, prefix: str = "
     ``.part``) while hashing it; return ``(path, sha256, size)``. With ``expected``, a different
     hash deletes the file and is an error."""
     config = _pip_config() if config is None else config
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=folder)
+    part, tmp = exclusive_temp(folder, prefix, ".part")
     h, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(fd, "wb") as out, _open(url, config) as resp:
+        with part as out, _open(url, config) as resp:
             while True:
                 block = resp.read(1 << 20)
                 if not block:

@@ -20,6 +20,7 @@ from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import SHORT_ID_HINT, cat_objects, expand_short_id, git, git_proc, is_short_id, rev_parse
 from tools.rebase.stack.pin import Pin
+from tools.rebase.git.safefs import extract_tar, write_file
 
 UPSTREAM_NAME = "Upstream import"
 UPSTREAM_EMAIL = "upstream@megatron-rl-fork.invalid"
@@ -172,7 +173,7 @@ def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
         if newest > _LAST_GIT_DATE:
             raise RebaseError(f"{label}: a member's mtime ({newest}) is after the year 9999; the base "
                               f"commit is dated by it and git cannot store that date")
-        tar.extractall(dest, filter="data")
+        extract_tar(tar, dest)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1:
         raise RebaseError(f"{label}: expected one top-level directory, found {len(tops)}")
@@ -347,7 +348,7 @@ def _borrow(git_dir: Path, objects: str) -> None:
     alternates = info / "alternates"
     lines = alternates.read_text().splitlines() if alternates.is_file() else []
     if objects not in lines:
-        alternates.write_text("".join(f"{line}\n" for line in [*lines, objects]))
+        write_file(git_dir, alternates, "".join(f"{line}\n" for line in [*lines, objects]))
 
 
 def _local_url(url: str) -> str:

@@ -17,6 +17,7 @@ from tools.rebase.git import prefetch
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, is_full_id, rev_parse
 from tools.rebase.stack.series import SLUG, parse_trailers
+from tools.rebase.git.safefs import copy_entry, create_new
 
 MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
 FORMAT_PATCH_FLAGS = (
@@ -258,16 +259,9 @@ def write_patch_dir(patches_dir: Path, files: list, series_text: str) -> bool:
         for entry in patches_dir.iterdir():
             if _owned_by_export(entry.name):
                 continue
-            if entry.is_symlink():
-                os.symlink(os.readlink(entry), staged / entry.name)
-            elif entry.is_dir():
-                shutil.copytree(entry, staged / entry.name, symlinks=True)
-            else:
-                shutil.copy2(entry, staged / entry.name, follow_symlinks=False)
+            copy_entry(staged, entry, staged / entry.name)
         for name, data in wanted.items():
-            fd = os.open(staged / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+            create_new(staged, staged / name, data)
         os.chmod(staged, patches_dir.stat().st_mode & 0o7777)
         if not exchange(staged, patches_dir):  # no atomic exchange here: two renames
             old = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

@@ -16,6 +16,7 @@ from tools.rebase.stack.series import load_stack, read_series, render_series
 from tools.rebase.stack.source import import_base
 from tools.rebase.stack.stack import build, export_range, write_patch_dir
 from tools.rebase.stack.state import changed_patch_files, current_digest, read_state, write_state
+from tools.rebase.git.safefs import copy_entry
 
 BRANCH = "patched"
 APPLY_LOCK_WAIT = 300  # seconds: concurrent `pip install .` runs each apply; the later one waits
@@ -209,7 +210,7 @@ def write_patches(layout, pin, base: str, tip: str):
     with tempfile.TemporaryDirectory(prefix="export-", dir=layout.state_dir) as tmp:
         staged = Layout(Path(tmp))
         staged.patches.mkdir()
-        shutil.copyfile(layout.pin, staged.pin)
+        copy_entry(staged.root, layout.pin, staged.pin)
         write_patch_dir(staged.patches, files, series_text)
         _, patches = load_stack(staged)
         digest = current_digest(staged, patches)
