@@ -7,7 +7,7 @@ so anything that depends on ``megatron-core`` resolves to the fork.
 
 ``MEGATRON_FORK_SKIP_APPLY=1`` skips the apply when ``megatron/`` exists (a read-only checkout that
 is already materialized, or a build that prepared it itself); the package is then that folder as
-it is. This file is code of the checkout (see README, "Security model"): CI runs the pull
+it is. This file is code of the checkout (see docs/security.md): CI runs the pull
 request's own copy of it.
 """
 
