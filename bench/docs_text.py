@@ -1,4 +1,4 @@
-"""The text both benchmark drivers put into docs/benchmarks.md: the mHC overhead line, and a block
+"""The text both benchmark drivers put into docs/performance.md: the mHC overhead line, and a block
 between two markers that a later run replaces in place."""
 
 import re

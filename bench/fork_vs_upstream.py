@@ -35,7 +35,7 @@ from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
 from bench.impl_path import ENV as IMPL_ENV  # noqa: E402
 from bench.scenarios import COMPARISONS  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "performance.md"
 MHC_LINE = re.compile(r"^mHC overhead \(4 streams\): .*$", re.M)
 
 
@@ -192,7 +192,7 @@ def mhc_line(rows):
 
 
 def write_docs(payload):
-    """Put the mHC overhead line and the latest table into docs/benchmarks.md."""
+    """Put the mHC overhead line and the latest table into docs/performance.md."""
     text = DOCS.read_text()
     line = mhc_line(payload["rows"])
     if line is None:
@@ -231,7 +231,7 @@ def main(argv=None):
     p.add_argument("--only", nargs="*", choices=sorted(COMPARISONS), help="comparisons to run (default: all)")
     p.add_argument("--json", dest="json_out", help="write the results here as JSON")
     p.add_argument("--from-json", help="do not run: re-render the results of an earlier --json")
-    p.add_argument("--write-docs", action="store_true", help="write the mHC line and table into docs/benchmarks.md")
+    p.add_argument("--write-docs", action="store_true", help="write the mHC line and table into docs/performance.md")
     args = p.parse_args(argv)
     if args.from_json:
         payload = json.loads(Path(args.from_json).read_text())

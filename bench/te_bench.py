@@ -2,7 +2,7 @@
 each fork feature, with a 95% interval on every ratio (not a test). Built to resolve 2%; on one
 H200 with this host-bound TE step it reached +-5-8% in 10 rounds at micro-batch 2, +-3.5% in 8 at
 micro-batch 4, and +-0.5-1% in 6-10 rounds at hidden 4096, where the step is GPU-bound
-(docs/benchmarks.md says why).
+(docs/performance.md says why).
 
 Why the older figures spread by +-20%: every process routed random tokens with its own router
 initialisation, so the MoE expert loads differed between configurations (and the fork and mHC
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench.docs_text import mhc_overhead_line, put_between_markers  # noqa: E402
 from bench.impl_path import ENV as IMPL_ENV  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "performance.md"
 TE_MHC_LINE = re.compile(r"^TE mHC overhead \(4 streams\): .*$", re.M)
 MARK_A, MARK_B = "<!-- te-bench:latest:begin -->", "<!-- te-bench:latest:end -->"
 
@@ -73,7 +73,7 @@ CONFIGS = {
     "fork+r3": {"impl": "fork", "config": R3, "replay": True},
     "fork+mhc+sel": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE}},
     "fork+mhc+sel2": {"impl": "fork", "config": {**MHC, **MHC_SELECTIVE_2}},
-    # Not mHC: bench/mhc_floor.py's stand-ins at about the least traffic any mHC must move.
+    # Not mHC: bench/experiments/mhc_floor.py's stand-ins at about the least traffic any mHC must move.
     "fork+mhc-floor": {"impl": "fork", "config": {**MHC, "use_fused_mhc": True}, "stand_in": "mhc-floor"},
     "upstream+devmhc": {"impl": "upstream", "config": DEV_MHC, "spec": DEV_MHC_SPEC},
     "fork+devmhc": {"impl": "fork", "config": DEV_MHC, "spec": DEV_MHC_SPEC},
@@ -337,7 +337,7 @@ def mhc_line(rows):
 
 
 def write_docs(payload):
-    """The TE mHC line and the latest table, into docs/benchmarks.md (between markers)."""
+    """The TE mHC line and the latest table, into docs/performance.md (between markers)."""
     text = DOCS.read_text()
     line = mhc_line(payload["rows"])
     if line is None:

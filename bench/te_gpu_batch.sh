@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-machine batches for issue 24 (Transformer Engine installed into /tmp/site by ../shared/gpu-te).
+# Batches for a GPU host (Transformer Engine importable from /tmp/site): checks, TE tests, the GPU suite, kernels, benches, mutants.
 # Usage: bash bench/te_gpu_batch.sh STEP...   (bench: ROUNDS, STEPS, LEAD_IN, BATCH, HIDDEN, HEADS, ONLY, NO_RC,
 #   PROFILE; +-2% on one H200: ROUNDS=50 STEPS=3 LEAD_IN=2; +-0.5-1% in 6-10 rounds at HIDDEN=4096 HEADS=32)
 #   with STEP in: check, te-tests, suite (or suite-fusions + suite-rest), kernels, smoke, bench, phases, upstream-tests, prove, mutants
@@ -43,10 +43,10 @@ for step in "$@"; do
         | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40 ;;
     kernels)
       # The mHC kernels at the bench model's shape: the shipped launch shapes, then the candidate
-      # combine backward (bench/mhc_post_bwd_candidates.py) against the shipped one. No TE needed.
+      # combine backward (bench/experiments/mhc_post_bwd_candidates.py) against the shipped one. No TE needed.
       timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_kernels.py --tokens 16384 --impls fused --sweep 2>&1 \
         | grep -v -i warn | tee "$OUT/mhc-kernels.txt" | tail -30
-      timeout ${KERNELS_TIMEOUT:-240} python3 bench/mhc_post_bwd_candidates.py --tokens 16384 2>&1 \
+      timeout ${KERNELS_TIMEOUT:-240} python3 bench/experiments/mhc_post_bwd_candidates.py --tokens 16384 2>&1 \
         | grep -v -i warn | tee "$OUT/mhc-post-bwd-candidates.txt" | tail -12 ;;
     smoke)
       timeout ${SMOKE_TIMEOUT:-150} python3 bench/te_bench.py --upstream $UP --layers 2 --hidden 256 --heads 4 \

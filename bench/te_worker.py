@@ -94,7 +94,7 @@ class Trainer:
         self.device = args["device"]
         setup_distributed(self.device)(args["seed"])
         if config.get("stand_in") == "mhc-floor":
-            from bench import mhc_floor
+            from bench.experiments import mhc_floor
 
             mhc_floor.install()
         torch.manual_seed(args["seed"])

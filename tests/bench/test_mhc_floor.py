@@ -1,4 +1,4 @@
-"""bench/mhc_floor.py: the model bench's lower-bound stand-in for the fused mHC functions. Its
+"""bench/experiments/mhc_floor.py: the model bench's lower-bound stand-in for the fused mHC functions. Its
 values are not mHC's, so what is checked is what the bound relies on: the same shapes and
 autograd contract as the fused functions (every parameter gets a gradient, the linked combine's
 gradient reaches the input node), the gradient it is built to give, and no stream-sized tensor
@@ -6,7 +6,7 @@ saved for backward besides the streams themselves."""
 
 import torch
 
-from bench import mhc_floor
+from bench.experiments import mhc_floor
 from megatron.core.transformer import hyper_connection as native
 
 N, H, T = 4, 8, 32  # x larger than the mapping weight, which is saved (a parameter)

@@ -1,4 +1,4 @@
-"""The candidate mHC combine backward of ``bench/mhc_post_bwd_candidates.py`` gives the shipped
+"""The candidate mHC combine backward of ``bench/experiments/mhc_post_bwd_candidates.py`` gives the shipped
 kernel's ``dx``, ``dH_res``, ``dH_post`` and ``dy`` (Triton's CPU interpreter, small shapes), so a
 GPU session can time it and adopt the faster one without first re-checking what it computes."""
 
@@ -25,7 +25,7 @@ class TestCandidateInInterpreter:
     def test_outputs_equal_the_shipped_kernel(self, T, n, h, shape):
         import torch
 
-        from bench.mhc_post_bwd_candidates import compare
+        from bench.experiments.mhc_post_bwd_candidates import compare
 
         errors = compare(T, n, h, torch.float32, shape=shape)
         assert max(errors.values()) < 1e-5, errors
@@ -34,7 +34,7 @@ class TestCandidateInInterpreter:
         """The comparison can fail: a candidate that reads H_res transposed is far off."""
         import torch
 
-        import bench.mhc_post_bwd_candidates as cand
+        import bench.experiments.mhc_post_bwd_candidates as cand
 
         real_candidate = cand.candidate
 

@@ -141,7 +141,7 @@ def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_p
 
 
 def test_floor_stand_in_runs_in_its_worker_only(tmp_path):
-    """``fork+mhc-floor`` (opt-in) runs the mHC model with bench/mhc_floor.py's functions, and only
+    """``fork+mhc-floor`` (opt-in) runs the mHC model with bench/experiments/mhc_floor.py's functions, and only
     its worker: the ready records name the module whose mHC functions ran."""
     assert "fork+mhc-floor" not in {name for group in te_bench.groups_for(None) for name in group}
     out = tmp_path / "bench.json"
@@ -153,5 +153,5 @@ def test_floor_stand_in_runs_in_its_worker_only(tmp_path):
     ready = json.loads(out.read_text())["ready"]
     assert {name: r["mhc_functions"] for name, r in ready.items()} == {
         "fork+mhc": "megatron.core.transformer.hyper_connection_fused",
-        "fork+mhc-floor": "bench.mhc_floor",
+        "fork+mhc-floor": "bench.experiments.mhc_floor",
     }

@@ -2,7 +2,7 @@
 materialized in a directory of its own, to measure what those patches do.
 
 Why: attributing a measured difference to patches (the fork's lower peak under full recompute
-was bisected to two patches with such trees, built then by a throwaway script; docs/benchmarks.md)
+was bisected to two patches with such trees, built then by a throwaway script; docs/performance.md, "Memory")
 needs trees that hold the pinned base
 plus a chosen part of the series, next to each other, e.g. as a benchmark's ``--upstream`` and
 ``--fork-root``. They are built as ``prove`` builds its trees: in a scratch repository that

@@ -5,7 +5,7 @@ else local specs) with mHC at the bench model's shape and times ``_concat_embedd
 backward on CUDA: the embedding half projected once (patch mhc-mtp-shared-embedding-projection)
 against ``eh_proj`` on the ``[s, b*n, 2h]`` concat (the module path, forced by a no-op hook).
 
-    python bench/mhc_mtp_projection.py --seq 4096 --batch 4 --streams 4 --hidden 2048
+    python bench/experiments/mhc_mtp_projection.py --seq 4096 --batch 4 --streams 4 --hidden 2048
 """
 
 import argparse
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _layer(args):

@@ -2,7 +2,7 @@
 mHC implementation must move, so that the model bench can measure what the step target allows.
 
 Why: the fused kernels' step cost (1.19x at hidden 2048) was compared with a floor computed on
-paper (docs/benchmarks.md, ninth TE session: ~1.065x from 5 stream-sized and 5 sublayer-sized
+paper (bench/experiments/README.md: ~1.065x from 5 stream-sized and 5 sublayer-sized
 passes per sublayer). This module puts that floor into the real model instead, with its host
 side, its allocator and everything else mHC brings (the n-stream checkpoints, the MTP layer's
 GEMMs on 4 streams, the contraction head): ``te_bench.py``'s ``fork+mhc-floor`` runs the mHC

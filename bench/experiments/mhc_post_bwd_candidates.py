@@ -2,15 +2,15 @@
 checked against the shipped one at the bench model's shape.
 
 Why: at 16384 tokens the shipped ``_post_bwd_kernel`` (patch ``mhc-fused-kernels``) moves its
-938 MB at 2.8 TB/s, the slowest mHC kernel left after the input backward's split (2026-12-02,
-docs/benchmarks.md). Each of its programs covers 4 tokens of one hidden block and reduces
+938 MB at 2.8 TB/s, the slowest mHC kernel left after the input backward's split
+(bench/experiments/README.md). Each of its programs covers 4 tokens of one hidden block and reduces
 ``g_i * x_j`` over that block for all n*n pairs (n*n cross-warp reductions per program), writes
 the per-block partial ``dH_res`` / ``dH_post`` and leaves two torch sums over the blocks. The
 candidate gives each program a few tokens and the whole hidden size: it keeps the products in
 elementwise fp32 accumulators while it walks the hidden blocks (no reduction inside the loop),
 reduces once at the end and writes ``dH_res`` and ``dH_post`` directly (no partials, no sums).
 
-    python3 bench/mhc_post_bwd_candidates.py --tokens 16384 --streams 4 --hidden 2048     # on CUDA
+    python3 bench/experiments/mhc_post_bwd_candidates.py --tokens 16384 --streams 4 --hidden 2048     # on CUDA
 
 On CPU (``TRITON_INTERPRET=1``) :func:`compare` runs both on a small shape; the test in
 ``tests/bench/test_mhc_post_bwd_candidates.py`` uses that to keep the candidate correct.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -9,7 +9,7 @@ GPU time). ``--sync-check`` runs one call under ``torch.cuda.set_sync_debug_mode
 prototype in torch: it does not catch every synchronising call);
 ``--cprofile`` prints where the host time goes, by Python function.
 
-    python bench/mhc_host_overhead.py --tokens 64 --cprofile
+    python bench/experiments/mhc_host_overhead.py --tokens 64 --cprofile
 """
 
 import argparse
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.mhc_kernels import cpu_ms, fused_module, make_inputs, sublayer  # noqa: E402
 

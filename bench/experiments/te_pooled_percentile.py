@@ -2,10 +2,10 @@
 the rounds of a ``bench/te_bench.py`` JSON, with a bootstrap interval over rounds.
 
 Why: the window medians of a TE run shift by ~5% while the fastest step of each side stays put
-(docs/benchmarks.md, "The 2% resolution"); this asks whether a floor-like estimator resolves the
+(docs/performance.md, "Fork against upstream"); this asks whether a floor-like estimator resolves the
 fork's cost better than the t-interval of per-round median ratios the bench prints.
 
-    python3 bench/te_pooled_percentile.py bench/results/2026-12-02-h200-te-fork-vs-upstream-short-windows.json
+    python3 bench/experiments/te_pooled_percentile.py bench/results/2026-12-02-h200-te-fork-vs-upstream-short-windows.json
 """
 
 import argparse
