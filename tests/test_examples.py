@@ -17,6 +17,7 @@ def test_every_example_is_listed_in_the_readme():
     assert not unlisted, f"examples missing from README.md: {unlisted}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(script):
     # As the README runs them, from the checkout root; PYTHONPATH makes this checkout's megatron/

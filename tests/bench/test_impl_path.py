@@ -35,6 +35,7 @@ def run_from_checkout(code, tree, extra_env=None):
                           timeout=120)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_without_the_guard_the_checkouts_own_megatron_wins(other_tree):
     # The condition the guard exists for (needs the checkout's materialized megatron/).
     if not (ROOT / "megatron" / "core" / "__init__.py").is_file():
@@ -52,6 +53,7 @@ def test_the_worker_imports_the_tree_the_driver_named(other_tree):
     assert version == "stand-in" and Path(path).resolve().is_relative_to(other_tree.resolve())
 
 
+@pytest.mark.slow
 def test_a_megatron_imported_earlier_from_elsewhere_stops_the_worker(other_tree):
     if not (ROOT / "megatron" / "core" / "__init__.py").is_file():
         pytest.skip("no materialized megatron/ in this checkout")
@@ -87,6 +89,7 @@ def test_both_drivers_name_the_tree_for_their_workers(other_tree, monkeypatch):
     assert seen["env"][ENV] == str(other_tree)
 
 
+@pytest.mark.slow
 def test_te_bench_upstream_worker_runs_pristine_upstream(tmp_path):
     """End to end on the CPU: the driver's ready records name each implementation's own tree."""
     import json

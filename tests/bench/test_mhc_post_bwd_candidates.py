@@ -7,6 +7,7 @@ import pytest
 from tests.unit_tests.triton_interpreter import assert_interpreter_suite_passes, interpreter_parent
 
 
+@pytest.mark.slow
 @interpreter_parent
 def test_candidate_matches_shipped_kernel_in_interpreter():
     assert_interpreter_suite_passes(__file__, "TestCandidateInInterpreter", timeout=600)

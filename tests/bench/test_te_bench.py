@@ -91,6 +91,7 @@ def test_rounds_of_several_gpus_pool_ratios_formed_within_each_gpu():
     assert mhc["a_step_ms"] == pytest.approx((104 + 150) / 2)  # median of the four A windows
 
 
+@pytest.mark.slow
 def test_worker_process_group_needs_no_port():
     """A bench worker's one-rank group meets through a process-local store: with MASTER_PORT
     naming a port another process already listens on (what ended a bench on the H200, a port
@@ -117,6 +118,7 @@ def test_worker_process_group_needs_no_port():
     assert "world 1" in child.stdout
 
 
+@pytest.mark.slow
 def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_path):
     """End to end on CPU with two simulated devices (``--device cpu --nproc 2``): four worker
     processes (two configurations x two devices) on a tiny local-spec model, rounds interleaved
@@ -140,6 +142,7 @@ def test_nproc_runs_a_copy_of_each_group_per_device_and_pools_their_rounds(tmp_p
     assert logs == {f"worker-{te_bench.safe_name(n)}-gpu{d}.log" for n in ("fork", "fork+mhc") for d in (0, 1)}
 
 
+@pytest.mark.slow
 def test_floor_stand_in_runs_in_its_worker_only(tmp_path):
     """``fork+mhc-floor`` (opt-in) runs the mHC model with bench/experiments/mhc_floor.py's functions, and only
     its worker: the ready records name the module whose mHC functions ran."""

@@ -85,6 +85,7 @@ def test_trace_is_refused_without_cuda():
         te_peak_phases.main(["--device", "cpu", "--configs", "fork", "--trace"])
 
 
+@pytest.mark.slow
 def test_phases_run_each_configuration_in_its_own_worker_on_cpu(tmp_path):
     """End to end on CPU with a tiny local-spec model: one worker per configuration, the phase
     record of every measured step (CPU has no allocator counters, so only the record's shape and

@@ -29,6 +29,7 @@ def sdist(tmp_path_factory):
     return archive
 
 
+@pytest.mark.slow
 def test_sdist_carries_the_patched_package_and_no_stack(sdist):
     with tarfile.open(sdist) as tar:
         names = tar.getnames()
@@ -38,6 +39,7 @@ def test_sdist_carries_the_patched_package_and_no_stack(sdist):
     assert not any(n.startswith(f"{top}/patches/") for n in names)
 
 
+@pytest.mark.slow
 def test_sdist_installs_offline_as_the_patched_package(sdist, tmp_path):
     target = tmp_path / "site"
     env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")

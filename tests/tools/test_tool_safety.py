@@ -147,6 +147,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
     from tools.rebase.git.lock import locked
 
@@ -165,6 +166,7 @@ def test_apply_waits_for_the_lock_then_runs(tmp_path, cache):
     assert (fork.root / A).is_file()
 
 
+@pytest.mark.slow
 def test_two_applies_at_once_both_end_with_a_whole_tree(tmp_path, cache):
     """The second apply starts while the first is inside its build (held there on purpose, so the
     two really overlap): it must wait rather than share the work repo, and both end whole."""

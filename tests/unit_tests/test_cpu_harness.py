@@ -45,6 +45,7 @@ def run_script(body: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-ins only act on CPU-only machines")
 def test_without_the_harness_megatron_needs_cuda():
     proc = run_script("""
@@ -68,6 +69,7 @@ def test_without_the_harness_megatron_needs_cuda():
         proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_single_process_trains_a_step_and_cleans_up():
     proc = run_script("""
         import torch.distributed as dist
@@ -105,6 +107,7 @@ def test_initialize_refuses_a_multi_rank_group(monkeypatch):
         cpu_harness.initialize()
 
 
+@pytest.mark.slow
 def test_alltoall_dispatcher_trains_a_step():
     # The alltoall dispatcher makes a torch.cuda.Stream for its device-to-host copies.
     proc = run_script("""

@@ -1,5 +1,6 @@
 """The CPU harness itself: two spawned gloo ranks build tensor-parallel state and reduce."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -23,9 +24,11 @@ def _failing_rank(rank, world_size):
 
 
 class TestDistributedHarness:
+    @pytest.mark.slow
     def test_two_ranks_tensor_parallel_all_reduce(self):
         run_distributed(_two_rank_tensor_parallel, 2)
 
+    @pytest.mark.slow
     def test_child_failure_reaches_the_parent(self):
         try:
             run_distributed(_failing_rank, 2)
@@ -39,6 +42,7 @@ class TestDistributedHarness:
         assert dist.get_world_size() == 1
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     def test_ranks_meet_even_when_the_rendezvous_port_is_taken(self, monkeypatch):
         # Between picking MASTER_PORT and rank 0 binding it, a test run beside this one can
         # take the port; the ranks must not depend on it being free.

@@ -151,6 +151,7 @@ class TestHookModeAtUse:
 
 
 class TestImportLeavesHookModeAlone:
+    @pytest.mark.slow
     @pytest.mark.parametrize(
         "user_mode,mode_in_use", [("preload", "preload"), ("none", "torch")]
     )

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import megatron
 
 PACKAGE_ROOT = Path(megatron.__path__[0])
@@ -18,6 +20,7 @@ PACKAGE_ROOT = Path(megatron.__path__[0])
 ALLOWED_IMPORT_FAILURES = {"megatron.core.datasets.helpers"}
 
 
+@pytest.mark.slow
 def test_every_module_parses_with_running_interpreter():
     failures = []
     files = sorted(PACKAGE_ROOT.rglob("*.py"))
@@ -42,6 +45,7 @@ print("\n".join(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports():
     # A fresh interpreter: module import side effects must not leak into other tests.
     proc = subprocess.run(

@@ -20,6 +20,7 @@ def test_pristine_tree_is_the_unpatched_base(upstream_oracle):
     assert "post_mlp_layernorm" not in (pristine / config).read_text()
 
 
+@pytest.mark.slow
 def test_each_side_imports_its_own_tree(upstream_oracle):
     (theirs,) = upstream_oracle.run("upstream", [DENSE])
     (ours,) = upstream_oracle.run("fork", [DENSE])
@@ -27,12 +28,14 @@ def test_each_side_imports_its_own_tree(upstream_oracle):
     assert Path(ours["megatron_file"]).resolve() == (ROOT / "megatron" / "core" / "__init__.py").resolve()
 
 
+@pytest.mark.slow
 def test_identical_code_paths_compare_equal(upstream_oracle):
     upstream, fork = upstream_oracle.compare([DENSE])
     assert upstream[0]["grads"], "the scenario must produce gradients to compare"
     assert all(g is not None for g in upstream[0]["grads"].values())
 
 
+@pytest.mark.slow
 def test_a_one_percent_fork_side_scaling_is_caught(upstream_oracle):
     with pytest.raises(AssertionError, match="outputs loss: values differ"):
         upstream_oracle.compare([DENSE], fork_mutation="scale_layer_output")

@@ -220,6 +220,7 @@ def world(request, tmp_path_factory):
         os.environ.pop("FORK_REBASE_CACHE", None) if old is None else os.environ.update(FORK_REBASE_CACHE=old)
 
 
+@pytest.mark.slow
 def test_kill_at_every_hook_point(world):
     problems, reached = [], []
     for point in POINTS:
@@ -233,6 +234,7 @@ def test_kill_at_every_hook_point(world):
     assert set(reached) == expected
 
 
+@pytest.mark.slow
 def test_kill_inside_every_state_changing_git_call(world):
     assert world.git_calls > 5, world.git_calls
     problems = []

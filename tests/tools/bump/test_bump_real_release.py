@@ -38,6 +38,7 @@ def sdist_cache():
     return cache
 
 
+@pytest.mark.slow
 def test_bump_real_stack_0_19_0_to_0_19_2(tmp_path, sdist_cache, monkeypatch):
     monkeypatch.setenv("FORK_REBASE_CACHE", str(sdist_cache))
     assert sha256_file(sdist_cache / "sdist" / "megatron_core-0.19.2.tar.gz") == NEW_SHA256

@@ -45,6 +45,7 @@ def amend_first_patch(fork):
     sh("git", "rebase", "-q", "--committer-date-is-author-date", "--onto", "HEAD", first, tip, cwd=work)
 
 
+@pytest.mark.slow
 def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch):
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
     fork = make_fork(tmp_path)

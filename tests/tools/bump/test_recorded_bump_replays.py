@@ -52,6 +52,7 @@ def _materialize(rev, root: Path):
     shutil.copytree(REPO / "tests", tests)  # Tests: trailers must resolve
 
 
+@pytest.mark.slow
 def test_recorded_bump_replays_from_a_fresh_checkout(tmp_path, monkeypatch):
     sha = _bump_commit()
     if sha is None:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.tools.bumpkit import make_fork, replace_line
 from tools.rebase.git.lock import locked
 from tools.rebase.proof.listing import BEGIN, END
@@ -80,6 +82,7 @@ def test_while_prove_record_runs_apply_export_and_another_record_are_refused_nam
     assert _cli(fork, "apply").returncode == 0  # released at the end
 
 
+@pytest.mark.slow
 def test_prove_record_waits_for_the_holder_then_proves_the_stack_it_left(tmp_path, monkeypatch):
     """The holder changes the stack (a patch added and exported) while ``prove --record`` waits:
     the record must name the new stack, not the one on disk when prove was started."""

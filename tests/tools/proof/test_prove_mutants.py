@@ -36,6 +36,7 @@ def _patch_mutants(fork):
     return mutants_of_patch(path.read_text())
 
 
+@pytest.mark.slow
 def test_killed_survived_and_equivalent(fork):
     mutants = _patch_mutants(fork)
     by_line = {(m.original.strip(), m.mutated.strip()) for m in mutants}
@@ -116,6 +117,7 @@ def test_bad_count_is_refused(fork, capsys):
     assert "--mutants needs a count >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_jobs_give_the_serial_scores_in_the_serial_order(fork):
     from dataclasses import asdict
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.tools.bumpkit import make_fork, quiet, replace_line, sh
 from tools.rebase.stack.workrepo import export
 
@@ -13,6 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
 
 
+@pytest.mark.slow
 def test_report_between_two_commits_of_patches(tmp_path, monkeypatch):
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
     fork = make_fork(tmp_path)

@@ -81,6 +81,7 @@ def _entry_is_whole(cache: Path, sha: str):
     assert not list((cache / "sdist").glob("*.part")), list((cache / "sdist").iterdir())
 
 
+@pytest.mark.slow
 def test_two_cold_applies_on_one_empty_cache_fetch_once_and_both_succeed(tmp_path, index):
     cache = tmp_path / "shared-cache"
     first, second = _checkouts(tmp_path, index.sha, 2)
@@ -107,6 +108,7 @@ with key_locked(folder, sys.argv[2]):
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_holding_the_entrys_lock_does_not_jam_the_next_or_leave_its_half_file(
         tmp_path, index):
     cache = tmp_path / "shared-cache"

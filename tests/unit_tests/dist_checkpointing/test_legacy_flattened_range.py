@@ -66,6 +66,7 @@ class TestLegacyFlattenedRange:
             with pytest.raises(CheckpointingException, match=msg):
                 flattened("opt.exp_avg", torch.zeros(4), slice(4, 8))
 
+    @pytest.mark.slow
     def test_whole_range_round_trip_with_option(self, tmp_path):
         values = torch.arange(12, dtype=torch.float32)
         with legacy_flattened_range_loading():

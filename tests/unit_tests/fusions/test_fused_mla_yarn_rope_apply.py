@@ -298,6 +298,7 @@ def _check_wrappers(module, device, layout, heads, k_dim, v_dim):
 # --------------------------------------------------------------------------------------------
 # CPU: Triton interpreter
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
 def test_interpreter_suite_in_subprocess():
     """Run TestMLAYarnRopeKernelsInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""

@@ -176,6 +176,7 @@ def _load_entries_without_padding_field(rank, world_size):
 
 
 class TestDpReshardablePaddingField:
+    @pytest.mark.slow
     def test_entries_without_padding_field_load_as_params(self):
         run_distributed(_load_entries_without_padding_field, 1)
 
@@ -196,8 +197,10 @@ class TestDpReshardableRoundTrip:
         run_distributed(_save_dp2, 2, str(ckpt_dir), str(ref_dir))
         return str(ckpt_dir), str(ref_dir)
 
+    @pytest.mark.slow
     def test_save_dp2_load_dp1(self, saved_dp2):
         run_distributed(_load_and_compare, 1, *saved_dp2)
 
+    @pytest.mark.slow
     def test_save_dp2_load_dp2(self, saved_dp2):
         run_distributed(_load_and_compare, 2, *saved_dp2)

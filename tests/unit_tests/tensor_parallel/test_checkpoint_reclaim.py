@@ -223,6 +223,7 @@ class TestReclaimInModels:
         for name in g_off:
             torch.testing.assert_close(g_on[name], g_off[name], rtol=0, atol=0, msg=name)
 
+    @pytest.mark.slow
     def test_mhc_mtp_full_recompute_flag_on(self):
         mhc = dict(enable_mhc_connections=True, mhc_num_residual_streams=2)
         off, _, _ = self._run(False, **mhc)
@@ -294,6 +295,7 @@ _NAIVE_SCRIPT = textwrap.dedent(
 
 
 class TestNaiveRuleIsUnsafe:
+    @pytest.mark.slow
     def test_freeing_every_input_crashes_or_corrupts_mhc_mtp(self):
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):

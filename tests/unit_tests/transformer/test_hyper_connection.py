@@ -122,6 +122,7 @@ class TestSinkhornLog:
         assert (sinkhorn_log(logits, 0).sum(-2) - 1).abs().max() > 0.5
         assert (sinkhorn_log(logits, 30).sum(-2) - 1).abs().max() < 1e-3
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("std", [10.0, 50.0, 100.0, 1e3])
     def test_finite_gradients_for_wide_logits(self, std):
         # Probability-space Sinkhorn gave NaN gradients on 2.8% of tokens at std 50, 27% at 100.
@@ -232,6 +233,7 @@ class TestHyperConnectionPieces:
             assert torch.isfinite(p.grad).all(), name
         assert torch.isfinite(x.grad).all()
 
+    @pytest.mark.slow
     def test_shape_flow_through_the_block(self):
         cfg = mhc_config()
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
@@ -435,6 +437,7 @@ class TestLayerOptionsUnderMHC:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     def test_post_sublayer_norms_train_in_the_mhc_layer(self):
         torch.manual_seed(0)
         model = build_gpt(
@@ -515,6 +518,7 @@ class TestGPTWithHyperConnections:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     def test_trains_with_falling_loss(self):
         torch.manual_seed(0)
         model = build_gpt(mhc_config(), with_mtp=False)
@@ -549,6 +553,7 @@ class TestFullRecompute:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("method", ["uniform", "block"])
     @pytest.mark.parametrize("mtp", [False, True], ids=["no_mtp", "mtp"])
     def test_grads_equal_no_recompute(self, method, mtp):
@@ -789,12 +794,15 @@ def _pipeline_parallel_inference_two_stages(rank, world_size):
 
 
 class TestPipelineParallel:
+    @pytest.mark.slow
     def test_inference_wrapper_two_gloo_ranks(self):
         run_distributed(_pipeline_parallel_inference_two_stages, 2)
 
+    @pytest.mark.slow
     def test_two_gloo_ranks_forward_backward(self):
         run_distributed(_pipeline_parallel_two_stages, 2)
 
+    @pytest.mark.slow
     def test_interleaved_schedule_two_gloo_ranks(self):
         run_distributed(_interleaved_pipeline_two_ranks, 2)
 

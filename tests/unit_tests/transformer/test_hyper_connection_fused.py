@@ -297,6 +297,7 @@ class TestFusedConfigAndDispatch:
 # --------------------------------------------------------------------------------------------
 # CPU: Triton interpreter
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @interpreter_parent
 def test_interpreter_suite_in_subprocess():
     """Run TestFusedKernelsInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""

@@ -71,6 +71,7 @@ class TestSinkhornSchedules:
             torch.testing.assert_close(got, ref_fork(logits, 20), rtol=0, atol=1e-12)
             torch.testing.assert_close(got.sum(-1), torch.ones(len(logits), n, dtype=torch.float64))
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("kind", ["init", "wide"])
     def test_all_schedules_share_the_limit_but_not_the_20_iteration_result(self, kind):
         logits = _logits(kind)

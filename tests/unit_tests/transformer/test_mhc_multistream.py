@@ -55,6 +55,7 @@ def _mtp_under_sequence_parallel(rank, world_size):
 
 
 class TestMTPMultistreamSequenceParallel:
+    @pytest.mark.slow
     def test_two_gloo_ranks_tp2(self):
         run_distributed(_mtp_under_sequence_parallel, 2)
 

@@ -146,6 +146,7 @@ class TestGradientsEqualNoRecompute:
                 g1[name], g0[name], rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
             )
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("layer_num", [None, 1, 2])
     def test_blocks(self, layer_num):
         self.check(*twin_models(layer_num))
@@ -153,6 +154,7 @@ class TestGradientsEqualNoRecompute:
     def test_with_mtp(self):
         self.check(*twin_models(2, with_mtp=True))
 
+    @pytest.mark.slow
     def test_with_moe_recompute_and_dropout(self):
         # the MoE checkpoint's input is a freed norm output; dropout masks are replayed
         self.check(*twin_models(2, ("mhc", "moe"), hidden_dropout=0.2))
@@ -389,10 +391,12 @@ def _two_stages_grads_equal_no_recompute(rank, world_size):
 
 
 class TestPipelineStages:
+    @pytest.mark.slow
     def test_two_gloo_ranks_grads_equal_no_recompute(self):
         run_distributed(_two_stages_grads_equal_no_recompute, 2)
 
 
+@pytest.mark.slow
 @interpreter_parent
 def test_fused_kernels_in_the_triton_interpreter():
     """TestFusedKernelsInterpreter under TRITON_INTERPRET=1, in a fresh interpreter."""

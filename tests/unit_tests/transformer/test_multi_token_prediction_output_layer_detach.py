@@ -108,6 +108,7 @@ class TestMTPDetachOutputLayerGradients:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
     @pytest.mark.parametrize("fused_ce", [False, True], ids=["native_ce", "fused_ce"])
     def test_mtp_loss_leaves_head_and_embedding_untouched(self, tied, fused_ce):
@@ -164,6 +165,7 @@ class TestMTPDetachOutputLayerGradients:
         else:
             assert not torch.allclose(grad_of(word_embeddings), lookup_only)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
     def test_relation_to_upstream_modes(self, tied):
         # Without any detach the MTP loss trains head, embeddings and trunk; mtp_detach_heads
@@ -205,6 +207,7 @@ class TestMTPDetachOutputLayerGradients:
         model(tokens, position_ids, mask, labels=tokens).sum().backward()
         assert not torch.allclose(grad_of(head), main_grad)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("mode", ["output_layer", "heads"])
     @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
     def test_with_gradient_accumulation_fusion_on_cpu(self, monkeypatch, mode, tied):

@@ -274,6 +274,7 @@ class TestInt4FakeQatLocalExperts:
         # Flag off: any linear is accepted, as upstream.
         SequentialMLP(2, moe_config(), submodules, pg_collection=pgs)
 
+    @pytest.mark.slow
     def test_gpt_moe_uses_quantized_expert_weights_and_trains(self):
         group = 24  # hidden 32 -> one full and one ragged group for linear_fc1
         no_dropout = dict(hidden_dropout=0.0, attention_dropout=0.0)

@@ -256,6 +256,7 @@ class TestDispatch:
 # --------------------------------------------------------------------------------------------
 # CPU: Triton interpreter
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @interpreter_parent
 def test_interpreter_suite_in_subprocess():
     """Run TestInt4KernelInterpreter under TRITON_INTERPRET=1 in a fresh interpreter."""

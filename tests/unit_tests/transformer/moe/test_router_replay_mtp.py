@@ -7,6 +7,7 @@ whatever the global replay action is.
 
 import copy
 
+import pytest
 import torch
 
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -163,6 +164,7 @@ class TestRouterReplayUnderFullRecompute:
         loss.backward()
         return loss.detach(), _grads(model)
 
+    @pytest.mark.slow
     def test_replayed_recompute_matches_normal_routing(self):
         reference = build_gpt(self._config(recompute=False), with_mtp=True)
         state = copy.deepcopy(reference.state_dict())
@@ -179,6 +181,7 @@ class TestRouterReplayUnderFullRecompute:
         for name, grad in ref_grads.items():
             assert torch.equal(grads[name], grad), name
 
+    @pytest.mark.slow
     def test_replayed_recompute_matches_forced_routing_without_recompute(self):
         forced = [forced_indices((1, 3)), forced_indices((0, 2))]
         model = build_gpt(self._config(recompute=False), with_mtp=True)

@@ -258,6 +258,7 @@ class TestRouterReplayRecomputeInProcess:
         reset_router_replay()
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     def test_forwards_then_backwards_with_forward_only_between_steps(self):
         chunks = _chunks(pp=1, vp=None, num_layers=2)
         _train_forward_only_train(chunks, _forwards_then_backwards, [1, 2])
@@ -317,9 +318,11 @@ class TestRecomputeRoutingBookkeeping:
 class TestRouterReplayPipelineSchedulesWithFullRecompute:
     """PP=2 on two gloo ranks (CPU)."""
 
+    @pytest.mark.slow
     def test_1f1b_schedule_with_forward_only_between_steps(self):
         run_distributed(_steps_with_forward_only_between, 2, False)
 
+    @pytest.mark.slow
     def test_interleaved_schedule_with_forward_only_between_steps(self):
         run_distributed(_steps_with_forward_only_between, 2, True)
 

@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -105,6 +106,7 @@ class TestDispatcherReleasesGraph:
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
+    @pytest.mark.slow
     def test_checkpoint_inputs_are_freed_by_the_end_of_each_step(self):
         torch.manual_seed(0)
         model = build_gpt(tiny_moe_mtp_config(num_layers=3, **FULL_RECOMPUTE))
@@ -184,12 +186,14 @@ def _train_step_with_parallel_dispatcher(rank, world_size, dispatcher, sizes):
 class TestDispatcherAcrossTwoRanks:
     """tp > 1 / ep > 1 on two spawned gloo ranks (CPU): the combine's dtype cast runs."""
 
+    @pytest.mark.slow
     def test_allgather_with_expert_parallel(self):
         run_distributed(
             _train_step_with_parallel_dispatcher, 2, "allgather",
             dict(expert_model_parallel_size=2, expert_tensor_parallel_size=1),
         )
 
+    @pytest.mark.slow
     def test_alltoall_with_expert_tensor_parallel(self):
         run_distributed(
             _train_step_with_parallel_dispatcher, 2, "alltoall",
