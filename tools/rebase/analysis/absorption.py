@@ -82,8 +82,9 @@ def pieces(patch, upstream: list) -> list:
     chosen = []
     while todo:
         best, best_n = None, 0
+        left = set(todo)
         for c in upstream:
-            if c.commit in chosen:
+            if c.commit in chosen or left.isdisjoint(c.token_set):
                 continue
             n = overlap(todo, c.tokens)
             if n > best_n:

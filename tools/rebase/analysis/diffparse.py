@@ -8,6 +8,7 @@ identical from refreshed.
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from tools.rebase.git import prefetch
@@ -58,15 +59,20 @@ class Commit:
         """What the patch changes: path -> tuple of signed lines (context and offsets ignored)."""
         return {f.path: tuple(f.signed) for f in self.files}
 
-    @property
+    @cached_property
     def tokens(self) -> list:
-        """Signed non-blank lines, for overlap measures between patches."""
+        """Signed non-blank lines, for overlap measures between patches (computed once: a Commit's
+        files do not change after parsing)."""
         out = []
         for f in self.files:
             for line in f.signed:
                 if line[:1] in "+-" and line[1:].strip():
                     out.append(line[0] + line[1:].strip())
         return out
+
+    @cached_property
+    def token_set(self) -> frozenset:
+        return frozenset(self.tokens)
 
     @property
     def added(self) -> int:
@@ -217,8 +223,11 @@ def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
     if not candidates:
         return None, ""
     paths = [f.path for f in patch.files]
+    wanted = set(paths)
     limited = {}
     for c in candidates:
+        if not any(f.path in wanted or f.old_path in wanted for f in c.files):
+            continue  # no diff of its files: no patch-id to match
         text = _restrict(c.diff, paths)
         if text:
             limited[c.commit] = text
@@ -230,7 +239,10 @@ def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
     tokens = patch.tokens
     plus = [t for t in tokens if t[0] == "+"]
     best, best_n = None, 0
+    mine = set(tokens)
     for c in candidates:
+        if mine.isdisjoint(c.token_set):
+            continue
         n = overlap(tokens, c.tokens)
         # removing the same old line is no absorption: upstream must add most of what the patch adds
         if n > best_n and 2 * overlap(plus, c.tokens) >= len(plus):
