@@ -162,13 +162,16 @@ def score(data: dict, back: dict, key_pair: dict, key_absorbed: dict, judged=Non
     -> new original it must share a row with; ``key_absorbed``: old original -> absorbing commit ("":
     any); ``judged``: the old originals the key can judge for absorption (None: all)."""
     s = dict(pairs=0, pairs_found=0, paired=0, paired_right=0, absorbed_said=0, absorbed_right=0,
-             absorbed_key=len(key_absorbed), absorbed_found=0, named=0, named_right=0, unjudged_said=0)
+             absorbed_key=len(key_absorbed), absorbed_found=0, named=0, named_right=0, unjudged=0,
+             unjudged_said=0, unjudged_partly=0)
     s["pairs"] = len(key_pair)
     for row in data["mapping"]:
         news = {back.get(c["commit"], c["commit"]) for c in row["new"]}
         named = {row.get("upstream_commit", "")} | set(row.get("upstream_commits", []))
         for ref in row["old"]:
             o = back.get(ref["commit"], ref["commit"])
+            if judged is not None and o not in judged and o not in key_absorbed:
+                s["unjudged"] += 1
             if news:
                 s["paired"] += 1
                 s["paired_right"] += key_pair.get(o) in news
@@ -176,6 +179,7 @@ def score(data: dict, back: dict, key_pair: dict, key_absorbed: dict, judged=Non
             if row["status"] in ("absorbed", "likely-absorbed"):
                 if judged is not None and o not in judged and o not in key_absorbed:
                     s["unjudged_said"] += 1
+                    s["unjudged_partly"] += row["note"].startswith("partially")
                     continue
                 s["absorbed_said"] += 1
                 if o in key_absorbed:
@@ -275,7 +279,8 @@ def main(argv=None) -> int:
     print(f"absorption precision: {_ratio(b['absorbed_right'], b['absorbed_said'])}")
     print(f"absorption recall: {_ratio(b['absorbed_found'], b['absorbed_key'])}")
     print(f"absorbing commit named right (PR-keyed): {_ratio(b['named_right'], b['named'])}")
-    print(f"absorbed said of commits the key cannot judge (no PR link, did not re-apply): {b['unjudged_said']}")
+    print(f"commits the key cannot judge (no PR link, did not re-apply onto the new base): {b['unjudged']};"
+          f" the report calls {b['unjudged_said']} of them absorbed ({b['unjudged_partly']} partially)")
     size, (wall, cpu), name, sizes = max(timings)
     slow = max(timings, key=lambda t: t[1][0])
     print(f"largest range: {name} ({sizes[0]} old / {sizes[1]} new commits): report {wall:.2f} s ({cpu:.2f} s CPU)")
