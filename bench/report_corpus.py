@@ -179,7 +179,7 @@ def score(data: dict, back: dict, key_pair: dict, key_absorbed: dict, judged=Non
             if row["status"] in ("absorbed", "likely-absorbed"):
                 if judged is not None and o not in judged and o not in key_absorbed:
                     s["unjudged_said"] += 1
-                    s["unjudged_partly"] += row["note"].startswith("partially")
+                    s["unjudged_partly"] += row.get("note", "").startswith("partially")
                     continue
                 s["absorbed_said"] += 1
                 if o in key_absorbed:

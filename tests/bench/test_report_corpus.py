@@ -64,7 +64,7 @@ def test_score_counts_pairs_and_absorption_against_the_key():
     s = rc.score(data, back, {"o1": "o1"}, {"o2": "U2", "o3": "U3", "o5": ""}, judged={"o1", "o2", "o3", "o5"})
     assert (s["pairs_found"], s["pairs"], s["paired_right"], s["paired"]) == (1, 1, 1, 1)
     assert (s["absorbed_right"], s["absorbed_said"], s["absorbed_found"], s["absorbed_key"]) == (2, 2, 2, 3)
-    assert (s["named_right"], s["named"], s["unjudged_said"]) == (1, 2, 1)
+    assert (s["named_right"], s["named"], s["unjudged"], s["unjudged_said"]) == (1, 2, 1, 1)
 
 
 @pytest.mark.skipif(not (rc.MIRROR / "objects").is_dir(), reason="no Megatron-LM mirror on this machine")
