@@ -6,6 +6,8 @@ or deleted or moved the file. When a whole patch vanished and no single upstream
 several commits may each have taken a piece: a greedy cover of its changed lines names them.
 """
 
+from collections import Counter
+
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 
@@ -82,10 +84,11 @@ def pieces(patch, upstream: list) -> list:
     chosen = []
     while todo:
         best, best_n = None, 0
+        left = set(todo)
         for c in upstream:
-            if c.commit in chosen:
+            if c.commit in chosen or left.isdisjoint(c.token_set):
                 continue
-            n = overlap(todo, c.tokens)
+            n = overlap(todo, c.token_counts)
             if n > best_n:
                 best, best_n = c, n
         if best is None:
@@ -98,10 +101,10 @@ def pieces(patch, upstream: list) -> list:
 
 def carrier(lines, upstream: list) -> str:
     """The upstream commit adding most of ``lines`` (a Counter of ``+text`` tokens), or ""."""
-    wanted = [t for t, n in lines.items() for _ in range(n)]
+    wanted = Counter(lines)
     best, best_n = "", 0
     for c in upstream:
-        n = overlap(wanted, [t for t in c.tokens if t[0] == "+"])
+        n = overlap(wanted, c.token_counts)  # wanted holds only "+" tokens
         if n > best_n:
             best, best_n = c.commit, n
     return best

@@ -37,12 +37,27 @@ def _meaningful(text: str) -> bool:
     return len(text) >= 6 and bool(_WORDY.search(text)) and not _IMPORT.match(text)
 
 
+def sided(commit) -> tuple:
+    """``(added, removed)``: Counters of the commit's meaningful line texts, computed once per
+    commit (kept on the object; callers must not change them)."""
+    cached = commit.__dict__.get("_sided_lines")
+    if cached is None:
+        plus, minus = Counter(), Counter()
+        for t in commit.tokens:
+            if _meaningful(t[1:]):
+                (plus if t[0] == "+" else minus)[t[1:]] += 1
+        cached = commit.__dict__["_sided_lines"] = (plus, minus)
+    return cached
+
+
 def signed_lines(commit) -> Counter:
     """The commit's own added lines (its removed ones when it adds nothing), whitespace-trimmed."""
-    plus = Counter(t for t in commit.tokens if t[0] == "+" and _meaningful(t[1:]))
-    if plus:
-        return plus
-    return Counter(t for t in commit.tokens if t[0] == "-" and _meaningful(t[1:]))
+    cached = commit.__dict__.get("_signed_lines")
+    if cached is None:
+        plus, minus = sided(commit)
+        sign, lines = ("+", plus) if plus else ("-", minus)
+        cached = commit.__dict__["_signed_lines"] = Counter({sign + t: n for t, n in lines.items()})
+    return Counter(cached)  # a copy: callers subtract from it
 
 
 def _flip(token: str) -> str:
@@ -62,7 +77,7 @@ def stack_flow(commits: list) -> StackFlow:
     flow = StackFlow()
     live = []  # per commit: Counter of its added lines not yet removed
     for m, c in enumerate(commits):
-        removed = Counter(t[1:] for t in c.tokens if t[0] == "-" and _meaningful(t[1:]))
+        removed = Counter(sided(c)[1])
         for k in range(m - 1, -1, -1):  # the latest adder loses a line first
             if not removed:
                 break
@@ -75,7 +90,7 @@ def stack_flow(commits: list) -> StackFlow:
                         del removed[text]
                     flow.taken.setdefault(k, Counter())[m] += n
                     flow.reverts.setdefault(m, Counter())[k] += n
-        live.append(Counter(t[1:] for t in c.tokens if t[0] == "+" and _meaningful(t[1:])))
+        live.append(Counter(sided(c)[0]))
     flow.survivors = [Counter({"+" + t: n for t, n in c.items() if n > 0}) for c in live]
     return flow
 
@@ -139,18 +154,18 @@ def _real(w: float, share_old: float, share_new: float) -> bool:
 
 def _revert_notes(commits: list, flow: StackFlow, notes: dict, side: str) -> None:
     for m, by in flow.reverts.items():
-        removed = sum(1 for t in commits[m].tokens if t[0] == "-" and _meaningful(t[1:]))
+        removed = sum(sided(commits[m])[1].values())
         n = sum(by.values())
         if removed and n >= REVERT_SHARE * removed:
             whom = ", ".join(f"#{commits[k].number}" for k in sorted(by))
             notes.setdefault(m, []).append(f"in-stack revert: takes back {n} lines {whom} added in the {side} stack")
     for m, c in enumerate(commits):  # re-adds lines an earlier commit of the stack took back
         back = Counter()
-        added = Counter(t[1:] for t in c.tokens if t[0] == "+" and _meaningful(t[1:]))
+        added = sided(c)[0]
         for r in range(m):
-            gone = Counter(t[1:] for t in commits[r].tokens if t[0] == "-" and _meaningful(t[1:]))
             if r in flow.reverts:
-                n = sum(min(added[t], gone[t]) for t in added)
+                gone = sided(commits[r])[1]
+                n = sum(min(n_add, gone[t]) for t, n_add in added.items() if t in gone)
                 if n:
                     back[r] += n
         if back and sum(back.values()) >= REVERT_SHARE * max(1, sum(added.values())):
@@ -205,7 +220,7 @@ def _rewritten_links(old: list, new: list, o2n: dict, att: Attribution, flows) -
         for k, c in enumerate(mine):
             if k in linked or not c.tokens:
                 continue
-            added = sum(1 for t in c.tokens if t[0] == "+" and _meaningful(t[1:]))
+            added = sum(sided(c)[0].values())
             taken = flow.taken.get(k, Counter())
             target, why = None, ""
             for m, n in sorted(taken.items(), key=lambda kv: (-kv[1], kv[0])):

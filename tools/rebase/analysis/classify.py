@@ -9,6 +9,7 @@ commit whose lines mostly come from an already paired old commit was split out o
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
@@ -154,21 +155,25 @@ def pair(old: list, new: list, rd_pairs=(), in_base=None) -> tuple:
             if j not in n2o and d.patch_id == c.patch_id:
                 link(i, j)
                 break
-    tokens_old = [_minus(c.tokens, in_base.get(i)) for i, c in enumerate(old)]
-    tokens_new = [c.tokens for c in new]
+    tokens_old = [Counter(_minus(c.tokens, in_base.get(i))) for i, c in enumerate(old)]
+    tokens_new = [c.token_counts for c in new]
+    holders = {}  # token -> new indices holding it: only pairs sharing a token are measured
+    for j, counts in enumerate(tokens_new):
+        for t in counts:
+            holders.setdefault(t, []).append(j)
     common = {}
-    for i in range(len(old)):
-        for j in range(len(new)):
-            n = overlap(tokens_old[i], tokens_new[j])
-            if n:
-                common[(i, j)] = n
+    for i, counts in enumerate(tokens_old):
+        for j in sorted({j for t in counts for j in holders.get(t, ())}):
+            common[(i, j)] = overlap(counts, tokens_new[j])
+    size_old = [sum(c.values()) for c in tokens_old]
+    size_new = [sum(c.values()) for c in tokens_new]
     scored = []
     for (i, j), n in common.items():
         if i in o2n or j in n2o:
             continue
         if old[i].name and new[j].name and old[i].name != new[j].name:
             continue
-        score = n / max(len(tokens_old[i]), len(tokens_new[j]))
+        score = n / max(size_old[i], size_new[j])
         if score >= PAIR_THRESHOLD:
             scored.append((-score, i, j))
     for _, i, j in sorted(scored):

@@ -7,7 +7,9 @@ identical from refreshed.
 """
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from tools.rebase.git import prefetch
@@ -58,15 +60,25 @@ class Commit:
         """What the patch changes: path -> tuple of signed lines (context and offsets ignored)."""
         return {f.path: tuple(f.signed) for f in self.files}
 
-    @property
+    @cached_property
     def tokens(self) -> list:
-        """Signed non-blank lines, for overlap measures between patches."""
+        """Signed non-blank lines, for overlap measures between patches (computed once: a Commit's
+        files do not change after parsing)."""
         out = []
         for f in self.files:
             for line in f.signed:
                 if line[:1] in "+-" and line[1:].strip():
                     out.append(line[0] + line[1:].strip())
         return out
+
+    @cached_property
+    def token_set(self) -> frozenset:
+        return frozenset(self.tokens)
+
+    @cached_property
+    def token_counts(self) -> Counter:
+        """``tokens`` as a multiset (callers must not change it)."""
+        return Counter(self.tokens)
 
     @property
     def added(self) -> int:
@@ -198,17 +210,13 @@ def upstream_commits(repo: Path, old: str, new: str, paths: list) -> list:
     return commits
 
 
-def overlap(a: list, b: list) -> int:
-    """Size of the multiset intersection of two token lists."""
-    counts = {}
-    for t in a:
-        counts[t] = counts.get(t, 0) + 1
-    n = 0
-    for t in b:
-        if counts.get(t, 0) > 0:
-            counts[t] -= 1
-            n += 1
-    return n
+def overlap(a, b) -> int:
+    """Size of the multiset intersection of two token lists (or Counters of them)."""
+    ca = a if isinstance(a, Counter) else Counter(a)
+    cb = b if isinstance(b, Counter) else Counter(b)
+    if len(cb) < len(ca):
+        ca, cb = cb, ca
+    return sum(min(n, cb[t]) for t, n in ca.items() if t in cb)
 
 
 def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
@@ -217,8 +225,11 @@ def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
     if not candidates:
         return None, ""
     paths = [f.path for f in patch.files]
+    wanted = set(paths)
     limited = {}
     for c in candidates:
+        if not any(f.path in wanted or f.old_path in wanted for f in c.files):
+            continue  # no diff of its files: no patch-id to match
         text = _restrict(c.diff, paths)
         if text:
             limited[c.commit] = text
@@ -228,12 +239,15 @@ def find_absorbing_commit(repo: Path, patch: Commit, candidates: list):
         if own and ids.get(c.commit) == own:
             return c.commit, "same patch-id"
     tokens = patch.tokens
-    plus = [t for t in tokens if t[0] == "+"]
+    plus = Counter(t for t in tokens if t[0] == "+")
     best, best_n = None, 0
+    mine = patch.token_counts
     for c in candidates:
-        n = overlap(tokens, c.tokens)
+        if c.token_set.isdisjoint(mine):
+            continue
+        n = overlap(mine, c.token_counts)
         # removing the same old line is no absorption: upstream must add most of what the patch adds
-        if n > best_n and 2 * overlap(plus, c.tokens) >= len(plus):
+        if n > best_n and 2 * overlap(plus, c.token_counts) >= sum(plus.values()):
             best, best_n = c.commit, n
     if tokens and best_n * 2 >= len(tokens):
         return best, f"{best_n}/{len(tokens)} changed lines"

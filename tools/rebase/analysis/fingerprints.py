@@ -70,6 +70,8 @@ class UpstreamLines:
         for k, eff in enumerate(self.effective):
             for t in eff:
                 self.last[t] = k
+        self._norms = None  # per commit: the set of its signed_norms texts, built on first use
+        self._live = {}  # patch commit -> live(patch)
 
     def _flip(self, t: str) -> str:
         return ("-" if t[0] == "+" else "+") + t[1:]
@@ -82,14 +84,19 @@ class UpstreamLines:
         """The commits with a surviving effect on ``patch``'s lines, or whose other changes do not
         touch them at all (they stay candidates for a same-patch-id match); commits whose effect
         on those lines is nil are left out."""
+        if patch.commit in self._live:
+            return self._live[patch.commit]
         wanted = {t for _, t in signed_norms(patch)}
+        if self._norms is None:
+            self._norms = [{t for _, t in signed_norms(c)} for c in self.commits]
         out = []
         for k, c in enumerate(self.commits):
-            mine = wanted & set(self.effective[k])
-            touched = wanted & {t for _, t in signed_norms(c)}
+            mine = wanted & self.effective[k].keys()
+            touched = wanted & self._norms[k]
             if touched and not any(self.survives(k, t) for t in mine):
                 continue  # it changed these lines, but the change was undone or only re-wrapped them
             out.append(c)
+        self._live[patch.commit] = out
         return out
 
 

@@ -71,7 +71,8 @@ def absorbed_row(row_type, i: int, found: tuple, old: list, new: list, att, in_b
     commit, how = found
     total = sum(signed_lines(old[i]).values())
     n = sum(in_base.get(i, Counter()).values())
-    partial = 0 < n < total
+    # partial only when the new base's lines made it absorbed (another signal found it whole)
+    partial = ABSORBED_SHARE * total <= n < total and how != "same patch-id"
     word = "partially absorbed upstream" if partial else "absorbed upstream"
     where = f" in {commit[:12]}" if commit else ""
     row = row_type("absorbed", [old[i]], [], upstream=commit or "", partial=partial)

@@ -153,10 +153,20 @@ def describe(blocks: list, path: str, shifted: int = 0) -> str:
     return f"{text} in `{path}`{where}"
 
 
+def _changes_of(commit) -> list:
+    """``parse_changes`` of a stack commit's diff, parsed once (kept on the commit object)."""
+    cached = commit.__dict__.get("_file_changes")
+    if cached is None:
+        cached = commit.__dict__["_file_changes"] = parse_changes(commit.diff)
+    return cached
+
+
 def _place(old_stack: list, patch, path: str, start: int, end: int):
     """The hunk's line range in the old base: earlier patches of the stack on ``path`` undone."""
     for c in reversed(old_stack[: patch.number - 1]):
-        for fc in parse_changes(c.diff):
+        if not any(f.path == path for f in c.files):
+            continue
+        for fc in _changes_of(c):
             if fc.path == path:
                 start, end = _back(start, fc.blocks), _back(end, fc.blocks)
                 path = fc.old_path
@@ -167,11 +177,11 @@ def _changed_hunks(old, new) -> list:
     """``[(path, old-side start, end, kind)]`` for the old patch's hunks the new patch does not
     carry unchanged: kind "changed" (other +/- lines), "context" or "moved" (offsets only)."""
     new_hunks = {}
-    for fc in parse_changes(new.diff):
+    for fc in _changes_of(new):
         for h in fc.hunks:
             new_hunks.setdefault(fc.path, []).append(h)
     out = []
-    for fc in parse_changes(old.diff):
+    for fc in _changes_of(old):
         for h in fc.hunks:
             signed = [l for l in h[4] if l[:1] in "+-"]
             same = [g for g in new_hunks.get(fc.path, []) if [l for l in g[4] if l[:1] in "+-"] == signed]
@@ -203,8 +213,8 @@ def _new_only_hunks(old, new) -> list:
     """``[(path, start, end)]`` of the new patch's hunks whose +/- lines the old patch lacks."""
     def signed(hunk):
         return tuple(line for line in hunk[4] if line[:1] in "+-")
-    old_signed = {(fc.path, signed(h)) for fc in parse_changes(old.diff) for h in fc.hunks}
-    return [(fc.path, h[0], h[0] + max(h[1], 1) - 1) for fc in parse_changes(new.diff) for h in fc.hunks
+    old_signed = {(fc.path, signed(h)) for fc in _changes_of(old) for h in fc.hunks}
+    return [(fc.path, h[0], h[0] + max(h[1], 1) - 1) for fc in _changes_of(new) for h in fc.hunks
             if (fc.path, signed(h)) not in old_signed]
 
 

@@ -49,6 +49,9 @@ def _per_file(diff: str) -> dict:
     return out
 
 
+_PARSED = {}  # upstream commit -> _per_file of its diff (commits are immutable)
+
+
 def _purpose(subject: str) -> set:
     return {w for w in words(strip_numbering(subject)) if len(w) >= 3} - _GENERIC
 
@@ -61,7 +64,11 @@ def find(patch, upstream: list):
     prs = pr_numbers(patch.subject)
     best = None
     for k, u in enumerate(upstream):
-        theirs = _per_file(u.diff)
+        if not {f.path for f in u.files} & set(mine):
+            continue
+        theirs = _PARSED.get(u.commit)
+        if theirs is None:
+            theirs = _PARSED.setdefault(u.commit, _per_file(u.diff))
         for path, (defs, names) in mine.items():
             if path not in theirs:
                 continue

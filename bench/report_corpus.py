@@ -1,0 +1,293 @@
+"""Benchmark (not a test): ``report`` measured on NVIDIA Megatron-LM's own cherry-picks.
+
+Upstream moves commits between ``main`` and its ``core_r0.*`` / ``core_dev_r0.*`` branches as
+picks whose subjects name the original pull request (``cp: `subject (6520)` into `core_r0.19.0```,
+``[dev] ... (cherry-pick #5843) (#6088)``, ``... (#4522) (#4826)``). A pick and its original are one
+change seen on two bases, with real conflict resolutions and partial picks: a corpus with an
+answer key. Nothing upstream is stored in this checkout: the stacks are rebuilt at run time in a
+scratch repository that borrows the mirror's objects. Per branch B (base = merge-base of main and B):
+
+- ``pick``: old stack = the main originals of B's picks, new stack = B's own commits, both replayed
+  onto the base; key: original <-> pick by PR number (B's other commits are new).
+- ``bump``: old stack = B's commits on the base; new base = main as it stood at B's last commit;
+  new stack = the old commits that are no pick of a main commit in that range, replayed onto it
+  (those that no longer apply are dropped); key: picks are absorbed by their original, the others
+  pair with their own replay.
+
+Prints per scenario and in total: pairing accuracy (key pairs the report puts on one row) and
+precision, absorption precision/recall (rows absorbed or likely-absorbed vs the key) and how often
+the named upstream commit is the original, and the time of each ``build_report``.
+
+    python bench/report_corpus.py [--mirror DIR] [--branches core_r0.19.0,...] [--work DIR]
+"""
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.rebase.report.report import build_report  # noqa: E402
+
+MIRROR = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")
+BRANCHES = ("core_r0.12.0", "core_r0.13.0", "core_r0.14.0", "core_r0.15.0", "core_r0.16.0", "core_r0.17.0",
+            "core_r0.18.0", "core_r0.19.0", "core_dev_r0.15.0", "core_dev_r0.16.0")
+_OWN = re.compile(r"\(#(\d{2,6})\)\s*$")
+_REFS = (re.compile(r"#(\d{2,6})\b"), re.compile(r"\((\d{2,6})\)`"),
+         re.compile(r"cherry[- ]?pick(?:ed)?\s+(?:of\s+|from\s+)?(?:PR\s*)?#?(\d{3,6})\b", re.I))
+ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "corpus",
+       "GIT_AUTHOR_EMAIL": "corpus@example.invalid", "GIT_COMMITTER_NAME": "corpus",
+       "GIT_COMMITTER_EMAIL": "corpus@example.invalid", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+       "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z", "LC_ALL": "C"}
+
+
+def git(repo, *args, input=None, env=None, check=True) -> str:
+    full = dict(os.environ, **ENV, **(env or {}))
+    proc = subprocess.run(["git", *args], cwd=repo, input=input, env=full, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args[:3])} in {repo}: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
+
+# ------------------------------------------------------------------ the answer key (PR numbers)
+
+def own_pr(subject: str) -> str:
+    """The pull request that landed a commit: the ``(#N)`` closing its subject, or ""."""
+    m = _OWN.search(subject)
+    return m.group(1) if m else ""
+
+
+def referenced_prs(subject: str, body: str = "") -> set:
+    """The other pull requests a commit names as its origin (a pick's original)."""
+    m = _OWN.search(subject)
+    head = subject[: m.start()] if m else subject
+    found = set()
+    for pattern in _REFS[:2]:
+        found.update(pattern.findall(head))
+    found.update(_REFS[2].findall(body))
+    return found - {own_pr(subject)}
+
+
+def read_commits(repo, rev_range: str) -> list:
+    """``[(sha, subject, body)]`` of the non-merge commits of ``rev_range``, oldest first."""
+    out = git(repo, "log", "--reverse", "--topo-order", "--no-merges", "--format=%x01%H%x02%s%x02%b", rev_range)
+    rows = []
+    for chunk in out.split("\x01")[1:]:
+        sha, subject, body = (chunk.split("\x02") + ["", ""])[:3]
+        rows.append((sha, subject, body.strip()))
+    return rows
+
+
+def pick_key(branch: list, main: list) -> dict:
+    """``{branch commit: main commit}``: a branch commit naming a main commit's PR as its origin, or
+    (a forward port) a main commit naming the branch commit's PR. Lists as ``read_commits``."""
+    landed_main = {own_pr(s): sha for sha, s, _ in main if own_pr(s)}
+    names_main = {}
+    for sha, s, b in main:
+        for pr in referenced_prs(s, b):
+            names_main.setdefault(pr, sha)
+    key = {}
+    for sha, s, b in branch:
+        hits = [landed_main[pr] for pr in sorted(referenced_prs(s, b)) if pr in landed_main]
+        if not hits and own_pr(s) in names_main:
+            hits = [names_main[own_pr(s)]]
+        if hits:
+            key[sha] = hits[0]
+    return key
+
+
+# ------------------------------------------------------------------ stacks rebuilt in a scratch repo
+
+def scratch_repo(work: Path, mirror: Path) -> Path:
+    repo = work / "corpus.git"
+    if not repo.exists():
+        git(work, "init", "-q", "--bare", str(repo))
+        (repo / "objects" / "info" / "alternates").write_text(str(Path(mirror).resolve() / "objects") + "\n")
+    return repo
+
+
+def _diffs(repo, shas: list) -> dict:
+    out = {}
+    for k in range(0, len(shas), 200):
+        text = git(repo, "show", "--format=%x01%H", "--full-index", "--binary", "-p", "--first-parent", *shas[k:k + 200])
+        for chunk in text.split("\x01")[1:]:
+            sha, _, diff = chunk.partition("\n")
+            out[sha] = diff.strip("\n") + "\n"
+    return out
+
+
+def replay(repo: Path, base: str, commits: list, work: Path) -> tuple:
+    """Apply ``commits`` (``read_commits`` rows) one by one onto ``base`` (3-way, no work tree):
+    ``(tip, {original: replayed commit}, {original whose change was there already})``; a commit that
+    does not apply, or changes nothing, is left out."""
+    index = work / "replay.index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    git(repo, "read-tree", base, env=env)
+    diffs = _diffs(repo, [sha for sha, _, _ in commits])
+    tip, tree = base, git(repo, "rev-parse", f"{base}^{{tree}}").strip()
+    made, there = {}, set()
+    for sha, subject, body in commits:
+        diff = diffs.get(sha, "")
+        if not diff.strip():
+            continue
+        shutil.copyfile(index, str(index) + ".bak")
+        proc = subprocess.run(["git", "apply", "--cached", "--3way", "-"], cwd=repo, input=diff, text=True,
+                              capture_output=True, env=dict(os.environ, **ENV, **env))
+        if proc.returncode != 0:
+            shutil.copyfile(str(index) + ".bak", index)
+            continue
+        new_tree = git(repo, "write-tree", env=env).strip()
+        if new_tree == tree:
+            there.add(sha)
+            continue
+        message = subject + ("\n\n" + body if body else "") + "\n"
+        tip = git(repo, "commit-tree", new_tree, "-p", tip, "-F", "-", input=message).strip()
+        tree = new_tree
+        made[sha] = tip
+    return tip, made, there
+
+
+# ------------------------------------------------------------------ scoring a report against the key
+
+def score(data: dict, back: dict, key_pair: dict, key_absorbed: dict, judged=None) -> dict:
+    """Counts of one report: ``back`` maps replayed commits to originals; ``key_pair``: old original
+    -> new original it must share a row with; ``key_absorbed``: old original -> absorbing commit ("":
+    any); ``judged``: the old originals the key can judge for absorption (None: all)."""
+    s = dict(pairs=0, pairs_found=0, paired=0, paired_right=0, absorbed_said=0, absorbed_right=0,
+             absorbed_key=len(key_absorbed), absorbed_found=0, named=0, named_right=0, unjudged=0,
+             unjudged_said=0, unjudged_partly=0)
+    s["pairs"] = len(key_pair)
+    for row in data["mapping"]:
+        news = {back.get(c["commit"], c["commit"]) for c in row["new"]}
+        named = {row.get("upstream_commit", "")} | set(row.get("upstream_commits", []))
+        for ref in row["old"]:
+            o = back.get(ref["commit"], ref["commit"])
+            if judged is not None and o not in judged and o not in key_absorbed:
+                s["unjudged"] += 1
+            if news:
+                s["paired"] += 1
+                s["paired_right"] += key_pair.get(o) in news
+                s["pairs_found"] += key_pair.get(o) in news
+            if row["status"] in ("absorbed", "likely-absorbed"):
+                if judged is not None and o not in judged and o not in key_absorbed:
+                    s["unjudged_said"] += 1
+                    s["unjudged_partly"] += row.get("note", "").startswith("partially")
+                    continue
+                s["absorbed_said"] += 1
+                if o in key_absorbed:
+                    s["absorbed_right"] += 1
+                    if key_absorbed[o]:
+                        s["named"] += 1
+                        s["named_right"] += key_absorbed[o] in named
+            if o in key_absorbed and row["status"] in ("absorbed", "likely-absorbed"):
+                s["absorbed_found"] += 1
+    return s
+
+
+def timed_report(*args) -> tuple:
+    """``(report data, wall seconds, CPU seconds of this process and its git children)``: on a
+    shared machine the wall time measures the neighbours too."""
+    r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    data = build_report(*args)
+    wall = time.perf_counter() - t0
+    r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(b, f) - getattr(a, f) for a, b in ((r0, r1), (c0, c1)) for f in ("ru_utime", "ru_stime"))
+    return data, wall, cpu
+
+
+def _ratio(a, b) -> str:
+    return f"{a}/{b} = {a / b:.1%}" if b else f"{a}/0"
+
+
+def run_branch(repo: Path, mirror: Path, branch: str, work: Path) -> tuple:
+    """The pick and bump scenarios of one branch: ``([(name, counts, seconds, sizes)], originals)``."""
+    tip, main_tip = git(mirror, "rev-parse", f"refs/heads/{branch}", "refs/heads/main").split()
+    base = git(repo, "merge-base", main_tip, tip).strip()
+    mine = read_commits(repo, f"{base}..{tip}")
+    when = git(repo, "log", "-1", "--format=%ct", tip).strip()
+    new_base = git(repo, "rev-list", "-1", f"--before={when}", main_tip).strip()
+    main = read_commits(repo, f"{base}..{new_base}")
+    key = pick_key(mine, main)
+    out = []
+    b_tip, b_made, _ = replay(repo, base, mine, work)
+    # pick: main originals (in main order) vs the branch's own commits, on the same base
+    originals = [c for c in main if c[0] in set(key.values())]
+    o_tip, o_made, _ = replay(repo, base, originals, work)
+    back = {v: k for k, v in {**b_made, **o_made}.items()}
+    key_pair = {orig: pick for pick, orig in key.items() if pick in b_made and orig in o_made}
+    if key_pair:
+        data, wall, cpu = timed_report(repo, base, o_tip, base, b_tip)
+        out.append((f"{branch} pick", score(data, back, key_pair, {}), (wall, cpu),
+                    (len(o_made), len(b_made))))
+    # bump: the branch's commits onto main as it stood at the branch's last commit
+    kept = [c for c in mine if c[0] in b_made and c[0] not in key]
+    n_tip, n_made, there = replay(repo, new_base, kept, work)
+    back = {v: k for k, v in b_made.items()}
+    back.update({v: k for k, v in n_made.items()})
+    key_pair = {sha: sha for sha in n_made}
+    # absorbed: a pick of a main commit in the range (named), or a change the new base has already
+    key_absorbed = {sha: orig for sha, orig in key.items() if sha in b_made} | {sha: "" for sha in there}
+    judged = set(key_absorbed) | set(n_made)  # the rest did not re-apply: the key cannot tell
+    data, wall, cpu = timed_report(repo, base, b_tip, new_base, n_tip)
+    out.append((f"{branch} bump", score(data, back, key_pair, key_absorbed, judged), (wall, cpu),
+                (len(b_made), len(n_made))))
+    return out, {sha for sha in b_made} | {sha for sha in o_made}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mirror", type=Path, default=MIRROR)
+    ap.add_argument("--branches", default=",".join(BRANCHES))
+    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    args = ap.parse_args(argv)
+    if not (args.mirror / "objects").is_dir():
+        print(f"no Megatron-LM mirror at {args.mirror} (a bare git directory): nothing to measure")
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="report-corpus-"))
+    work.mkdir(parents=True, exist_ok=True)
+    repo = scratch_repo(work, args.mirror)
+    totals, used, timings = {}, set(), []
+    try:
+        for branch in args.branches.split(","):
+            results, originals = run_branch(repo, args.mirror, branch, work)
+            used |= originals
+            for name, counts, seconds, sizes in results:
+                timings.append((sum(sizes), seconds, name, sizes))
+                for k, v in counts.items():
+                    totals.setdefault(name.split()[1], {}).setdefault(k, 0)
+                    totals[name.split()[1]][k] += v
+                print(f"{name:26s} old {sizes[0]:4d} new {sizes[1]:4d}  pairs {_ratio(counts['pairs_found'], counts['pairs'])}"
+                      f"  absorbed {counts['absorbed_right']}/{counts['absorbed_said']} said,"
+                      f" {counts['absorbed_found']}/{counts['absorbed_key']} keyed  {seconds[0]:.2f} s ({seconds[1]:.2f} s CPU)",
+                      flush=True)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    both = {k: sum(t.get(k, 0) for t in totals.values()) for k in totals.get("bump", {})}
+    print(f"\nupstream commits in the stacks: {len(used)}")
+    print(f"pairing accuracy (key pairs on one row): {_ratio(both['pairs_found'], both['pairs'])}")
+    print(f"pairing precision (old commits put with new ones, right partner): {_ratio(both['paired_right'], both['paired'])}")
+    b = totals["bump"]
+    print(f"absorption precision: {_ratio(b['absorbed_right'], b['absorbed_said'])}")
+    print(f"absorption recall: {_ratio(b['absorbed_found'], b['absorbed_key'])}")
+    print(f"absorbing commit named right (PR-keyed): {_ratio(b['named_right'], b['named'])}")
+    print(f"commits the key cannot judge (no PR link, did not re-apply onto the new base): {b['unjudged']};"
+          f" the report calls {b['unjudged_said']} of them absorbed ({b['unjudged_partly']} partially)")
+    size, (wall, cpu), name, sizes = max(timings)
+    slow = max(timings, key=lambda t: t[1][0])
+    print(f"largest range: {name} ({sizes[0]} old / {sizes[1]} new commits): report {wall:.2f} s ({cpu:.2f} s CPU)")
+    print(f"slowest report: {slow[2]}: {slow[1][0]:.2f} s ({slow[1][1]:.2f} s CPU); load average {os.getloadavg()[0]:.1f}"
+          f" on {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
