@@ -63,6 +63,7 @@ def fork_version() -> str:
 # The tool is ``tools/rebase`` in the checkout (``python -m tools.rebase``) and ``megatron_rebase``
 # when installed: site-packages gets no top-level ``tools`` package to clash with anyone else's.
 TOOL = "megatron_rebase"
+TOOL_DATA = {"git": ["gitattributes"]}  # the tool's files other than modules, by subpackage
 TOOL_IMPORT = re.compile(r"^(\s*)(from|import)\s+tools\.rebase\b", re.M)
 
 
@@ -95,7 +96,8 @@ setup(
     ) + [TOOL] + [f"{TOOL}.{sub}" for sub in find_packages(str(ROOT / "tools" / "rebase"))],
     package_dir={TOOL: "tools/rebase"},
     cmdclass={"build_py": BuildPy},
-    package_data={"megatron.core": ["requirements.txt", "README.md"], f"{TOOL}.git": ["gitattributes"]},
+    package_data={"megatron.core": ["requirements.txt", "README.md"],
+                  **{f"{TOOL}.{sub}": files for sub, files in TOOL_DATA.items()}},
     entry_points={"console_scripts": [f"megatron-rebase = {TOOL}.launch:main"]},
     include_package_data=False,
     install_requires=[
