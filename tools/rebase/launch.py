@@ -61,6 +61,18 @@ def main(argv=None) -> int:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
             env[_HANDED_OVER] = "1"
             return subprocess.call([sys.executable, "-m", "tools.rebase", *argv], env=env)
+    if __package__ != "tools.rebase":
+        _editable_checkout_on_path()
     from .cli import main as cli_main
 
     return cli_main(argv)
+
+
+def _editable_checkout_on_path() -> None:
+    """An editable install maps ``megatron_rebase`` onto a checkout's ``tools/rebase``, whose modules
+    import ``tools.rebase``: put that checkout on the path (a built wheel renames the imports, and
+    its files are not inside a ``tools/rebase`` folder, so this does nothing there)."""
+    here = Path(__file__).resolve()
+    root = here.parents[2]
+    if here.parent == root / "tools" / "rebase" and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
