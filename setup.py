@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from setuptools import find_namespace_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 STAMP = re.compile(r"^__version__ = '([^']+)'$", re.M)
@@ -93,6 +94,27 @@ def fork_version() -> str:
     return stamps[-1]
 
 
+# The tool is ``tools/rebase`` in the checkout (``python -m tools.rebase``) and ``megatron_rebase``
+# when installed: site-packages gets no top-level ``tools`` package to clash with anyone else's.
+TOOL = "megatron_rebase"
+TOOL_DATA = {"git": ["gitattributes"]}  # the tool's files other than modules, by subpackage
+TOOL_IMPORT = re.compile(r"^(\s*)(from|import)\s+tools\.rebase\b", re.M)
+
+
+class BuildPy(build_py):
+    """Copies tools/rebase as megatron_rebase, with its absolute ``tools.rebase`` imports renamed
+    (only import statements: messages naming ``python -m tools.rebase`` stay as they are)."""
+
+    def build_module(self, module, module_file, package):
+        outfile, copied = super().build_module(module, module_file, package)
+        if (package == TOOL or package.startswith(TOOL + ".")) and outfile.endswith(".py"):
+            text = Path(outfile).read_text()
+            renamed = TOOL_IMPORT.sub(lambda m: f"{m[1]}{m[2]} {TOOL}", text)
+            if renamed != text:
+                Path(outfile).write_text(renamed)
+        return outfile, copied
+
+
 refuse_setuptools_inputs()
 materialize()
 
@@ -106,11 +128,13 @@ setup(
     license="BSD-3-Clause AND Apache-2.0",
     python_requires=">=3.11",
     packages=find_namespace_packages(
-        include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*", "tools", "tools.rebase",
-                 "tools.rebase.*"]
-    ),
-    package_data={"megatron.core": ["requirements.txt", "README.md"], "tools.rebase.git": ["gitattributes"]},
-    entry_points={"console_scripts": ["megatron-rebase = tools.rebase.launch:main"]},
+        include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*"]
+    ) + [TOOL] + [f"{TOOL}.{sub}" for sub in find_packages(str(ROOT / "tools" / "rebase"))],
+    package_dir={TOOL: "tools/rebase"},
+    cmdclass={"build_py": BuildPy},
+    package_data={"megatron.core": ["requirements.txt", "README.md"],
+                  **{f"{TOOL}.{sub}": files for sub, files in TOOL_DATA.items()}},
+    entry_points={"console_scripts": [f"megatron-rebase = {TOOL}.launch:main"]},
     include_package_data=False,
     install_requires=[
         "torch>=2.6.0",

@@ -74,3 +74,19 @@ def test_installed_copy_runs_itself_outside_any_checkout(tmp_path):
     assert "INSTALLED COPY" in proc.stdout
     assert proc.returncode == 2
     assert "no upstream.toml and patches/ found" in proc.stderr
+
+
+def test_an_editable_install_runs_the_checkouts_tool_as_megatron_rebase(tmp_path):
+    """An editable install maps ``megatron_rebase`` onto this checkout's tools/rebase (here: a link
+    in a stand-in site-packages); its modules import ``tools.rebase``, which the launcher then finds
+    in the checkout, from a folder outside any checkout and with -I (no cwd or PYTHONPATH)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "megatron_rebase").symlink_to(ROOT / "tools" / "rebase", target_is_directory=True)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    launch = (f"import sys; sys.path.insert(0, {str(site)!r}); from megatron_rebase.launch import main; "
+              f"sys.exit(main(['-C', {str(ROOT)!r}, 'list']))")
+    proc = subprocess.run([sys.executable, "-I", "-c", launch], cwd=outside, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == run_tool(ROOT, "list").stdout

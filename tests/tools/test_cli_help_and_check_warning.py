@@ -31,6 +31,10 @@ def test_every_subcommand_help_says_what_it_writes_and_how_long_it_takes(name):
     text = " ".join(proc.stdout.split())
     assert "Writes:" in text, text
     assert "Takes:" in text, text
+    # Man-page layout: examples of this very subcommand, and where to read more.
+    examples = proc.stdout.split("Examples:\n", 1)[1].split("\n\nSee also:", 1)[0]
+    assert f"  python -m tools.rebase {name}" in examples, proc.stdout
+    assert "See also: docs/editing-a-patch.md" in text
 
 
 def test_check_warns_about_commits_never_exported(fork):

@@ -168,19 +168,21 @@ def _setup_call():
 
 
 def test_setup_installs_every_package_and_data_file_of_the_tool():
-    setuptools = pytest.importorskip("setuptools")
-    call = _setup_call()
-    kw = {k.arg: k.value for k in call.keywords}
-    finder = kw["packages"]
-    assert getattr(finder.func, "id", "") == "find_namespace_packages"
-    options = {k.arg: ast.literal_eval(k.value) for k in finder.keywords}
-    found = set(setuptools.find_namespace_packages(where=str(ROOT), **options))
-    wanted = {module_name(p.parent / "__init__.py") for p in TOOL.rglob("*.py") if "__pycache__" not in p.parts}
-    assert wanted - found == set(), "setup.py's packages= misses these packages of the tool"
-    package_data = ast.literal_eval(kw["package_data"])
+    """setup.py installs tools/rebase as megatron_rebase: find_packages over tools/rebase (so every
+    folder of modules needs an __init__.py) and TOOL_DATA for its other files. The wheel test
+    (test_sdist_installs_offline.py) checks what a built wheel holds."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    kw = {k.arg: k.value for k in _setup_call().keywords}
+    assert "find_packages(str(ROOT / 'tools' / 'rebase'))" in ast.unparse(kw["packages"])
+    assert ast.unparse(kw["package_dir"]) == "{TOOL: 'tools/rebase'}"
+    for folder in {p.parent for p in TOOL.rglob("*.py") if "__pycache__" not in p.parts}:
+        assert (folder / "__init__.py").is_file(), f"{folder} has modules but no __init__.py: it would not be installed"
+    assigned = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+    data_files = ast.literal_eval(assigned["TOOL_DATA"])
     for data in (p for p in TOOL.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc", ".md")):
-        package = module_name(data.parent / "__init__.py")
-        assert data.name in package_data.get(package, []), f"setup.py's package_data does not ship {data}"
+        sub = data.parent.relative_to(TOOL).as_posix()
+        assert data.name in data_files.get(sub, []), f"setup.py's TOOL_DATA does not ship {data}"
 
 
 # ---------------------------------------------------------------- the checker catches what it should

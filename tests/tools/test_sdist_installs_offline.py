@@ -1,9 +1,12 @@
-"""``python -m build`` makes an sdist that installs offline as the patched package."""
+"""``python -m build`` makes an sdist that installs offline as the patched package, and its
+wheel installs the tool as ``megatron_rebase`` (no top-level ``tools`` package)."""
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -53,8 +56,50 @@ def test_sdist_installs_offline_as_the_patched_package(sdist, tmp_path):
     version, where = out.split()
     assert "+rl." in version
     assert Path(where).is_relative_to(target)
-    # The tool is installed with all its layer packages and its data file.
-    probe = ("import tools.rebase.cli, tools.rebase.bump.bump, tools.rebase.git.gitcmd as g; "
+    # The tool is installed as megatron_rebase with all its layer packages and its data file, and
+    # site-packages gets no top-level `tools` package.
+    probe = ("import megatron_rebase.cli, megatron_rebase.bump.bump, megatron_rebase.git.gitcmd as g; "
              "print(g.__file__); print(g._ATTRIBUTES.is_file())")
     where, shipped = run(sys.executable, "-c", probe, cwd=tmp_path, env=dict(clean, PYTHONPATH=str(target))).split()
     assert Path(where).is_relative_to(target) and shipped == "True"
+    assert not (target / "tools").exists()
+
+
+@pytest.fixture(scope="module")
+def wheel(sdist, tmp_path_factory):
+    """The wheel pip builds from the sdist (as `pip install` of the sdist does)."""
+    out = tmp_path_factory.mktemp("wheel")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.setdefault("FORK_REBASE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, sdist,
+        cwd=out, env=env)
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_the_wheel_has_no_top_level_tools_package(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        tops = {n.split("/", 1)[0] for n in names}
+        assert "tools" not in tops and "megatron_rebase" in tops and "megatron" in tops, tops
+        assert {"megatron_rebase/cli.py", "megatron_rebase/launch.py", "megatron_rebase/git/gitattributes",
+                "megatron_rebase/bump/bump.py"} <= set(names)
+        # Every import of the tool's own modules names the installed package.
+        stale = [n for n in names if n.startswith("megatron_rebase/") and n.endswith(".py")
+                 and re.search(r"^\s*(from|import)\s+tools\.rebase\b", z.read(n).decode(), re.M)]
+        assert stale == []
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        assert "megatron-rebase = megatron_rebase.launch:main" in z.read(entry_points).decode()
+
+
+def test_the_installed_tool_runs_on_a_checkout_like_the_checkouts_own(wheel, tmp_path):
+    target = tmp_path / "site"
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel, cwd=tmp_path, env=env)
+    assert not (target / "tools").exists()
+    # -I: as a console script runs, with neither the current folder nor PYTHONPATH on the path.
+    launch = (f"import sys; sys.path.insert(0, {str(target)!r}); from megatron_rebase.launch import main; "
+              f"sys.exit(main(['-C', {str(ROOT)!r}, 'list']))")
+    installed = run(sys.executable, "-I", "-c", launch, cwd=tmp_path)
+    assert installed == run(sys.executable, "-m", "tools.rebase", "list", cwd=ROOT)
+    assert "| 0001 |" in installed

@@ -182,7 +182,10 @@ def _cmd_prove(args, lay):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__)
+    from tools.rebase.commands.helptext import OVERVIEW
+
+    parser = argparse.ArgumentParser(prog="python -m tools.rebase", description=__doc__, epilog=OVERVIEW,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-C", dest="directory", help="run as if started in this directory")
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "apply", help="build the work repo (base + one commit per patch) and megatron/")

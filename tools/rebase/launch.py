@@ -32,14 +32,16 @@ def checkout_root(start: Path):
 
 
 def own_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    """The folder this copy of the tool is imported from: the checkout (``tools/rebase/``), or
+    site-packages, where it is installed as ``megatron_rebase``."""
+    return Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
 
 def is_project_checkout(root: Path) -> bool:
     """A git checkout whose history starts at this project's root commit (hermetic git)."""
     if not (root / ".git").exists():
         return False
-    from tools.rebase.git.gitcmd import git_proc
+    from .git.gitcmd import git_proc  # relative: this file is also megatron_rebase.launch
 
     proc = git_proc("rev-list", "--max-parents=0", "HEAD", "--", cwd=root)
     return proc.returncode == 0 and PROJECT_ROOT_COMMIT in proc.stdout.split()
@@ -59,6 +61,18 @@ def main(argv=None) -> int:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
             env[_HANDED_OVER] = "1"
             return subprocess.call([sys.executable, "-m", "tools.rebase", *argv], env=env)
-    from tools.rebase.cli import main as cli_main
+    if __package__ != "tools.rebase":
+        _editable_checkout_on_path()
+    from .cli import main as cli_main
 
     return cli_main(argv)
+
+
+def _editable_checkout_on_path() -> None:
+    """An editable install maps ``megatron_rebase`` onto a checkout's ``tools/rebase``, whose modules
+    import ``tools.rebase``: put that checkout on the path (a built wheel renames the imports, and
+    its files are not inside a ``tools/rebase`` folder, so this does nothing there)."""
+    here = Path(__file__).resolve()
+    root = here.parents[2]
+    if here.parent == root / "tools" / "rebase" and str(root) not in sys.path:
+        sys.path.insert(0, str(root))

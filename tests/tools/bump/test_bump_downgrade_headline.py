@@ -67,7 +67,9 @@ def test_a_downgrade_is_refused_naming_both_bases_and_nothing_changes(fork):
     assert "the new base is version 0.42.0, lower than the old base's 0.42.1" in message
     assert "Nothing was changed" in message and "--allow-downgrade" in message
     assert fork.snapshot() == before
-    assert not (fork.layout.state_dir / "bump").exists()  # no journal: --abort has nothing to do
+    from tools.rebase.bump import journal
+
+    assert not journal.in_progress(fork.layout)  # no journal left: nothing to continue or abort
     # A dry run only warns.
     data = forecast(fork.layout, f"git:{fork.upstream}@v2")
     assert any(w.startswith("downgrade: the new base is version 0.42.0") for w in data["warnings"])

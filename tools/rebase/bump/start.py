@@ -9,7 +9,6 @@ from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.commits import _describe, _head, canonical_chain
 from tools.rebase.bump.prepare import _ensure_applied, _refuse_unsaved_work, resolve_spec
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.gitcmd import git
 from tools.rebase.git.gitlocks import clear_stale_locks
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.source import import_base
@@ -36,17 +35,6 @@ class StartPhase:
         _ensure_applied(layout)  # work repo == patches/ (refuses unexported work)
         work = self.work
         old_base = import_base(work, layout.cache, old_pin)
-        refs_before = jr.work_refs(work)
-        backwards = downgrade_warnings(work, old_base, import_base(work, layout.cache, new_pin), old_pin, new_pin)
-        if backwards and not self.allow_downgrade:
-            added = [ref for ref in jr.work_refs(work) if ref not in refs_before]  # the new base's tag
-            if added:
-                git("update-ref", "--stdin", cwd=work, input="".join(f"delete {ref}\n" for ref in added))
-            raise RebaseError(
-                f"refusing to move the stack from {old_pin.display} onto {new_pin.display}: "
-                f"{'; '.join(backwards)}. Nothing was changed. If that is meant (a line moved onto an "
-                f"older dev or main commit, a release line back to an earlier release), pass "
-                f"--allow-downgrade; `bump --dry-run` forecasts it without changing anything.")
         # Hand-made commits (amended, am'd with a user identity) get reproducible twins, so the
         # report names the same old stack a fresh clone of patches/ would build; the maintainer's
         # branch itself stays where it was (abort must find it unchanged).
@@ -65,6 +53,15 @@ class StartPhase:
         self.hook("after-backup")
         loaded = self._import_new_base(new_pin)
         self.hook("after-import")
+        backwards = downgrade_warnings(work, old_base, self.j.new_base, old_pin, new_pin)
+        if backwards and not self.allow_downgrade:
+            jr.restore(layout)  # as `bump --abort` does: the backup was made a moment ago
+            jr.finish(layout)
+            raise RebaseError(
+                f"refusing to move the stack from {old_pin.display} onto {new_pin.display}: "
+                f"{'; '.join(backwards)}. Nothing was changed. If that is meant (a line moved onto an "
+                f"older dev or main commit, a release line back to an earlier release), pass "
+                f"--allow-downgrade; `bump --dry-run` forecasts it without changing anything.")
         for warning in backwards:
             self.log(f"warning: {warning} (--allow-downgrade)")
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.

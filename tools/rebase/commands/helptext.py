@@ -98,11 +98,58 @@ _COMMANDS = {
 }
 
 
+# Command lines a maintainer types, each with what it does: the Examples: of ``--help``, as in a
+# man page. Every subcommand has at least one (tests/tools/test_cli_help_and_check_warning.py).
+_EXAMPLES = {
+    "apply": [("apply", "build .rebase/work and megatron/ from upstream.toml + patches/"),
+              ("apply --line upstream-main", "the same for the line in lines/upstream-main/"),
+              ("apply --force", "rebuild, discarding unexported work-repo commits and megatron/ edits")],
+    "export": [("export", "write patches/ from .rebase/work's commits (after committing there)")],
+    "edit": [("edit 0008", "fold .rebase/work's uncommitted change into patch 0008, then export"),
+             ("edit mtp-detach-output-layer --from-tree", "fold the hand edits made in megatron/ into that patch"),
+             ("edit 0008 --other-files", "fold it in even where it touches files 0008 does not")],
+    "check": [("check", "what CI runs; records for another stack are STALE notices, exit 0"),
+              ("check --strict-records", "the maintainer's release/bump check: a stale record fails"),
+              ("check --no-base --line upstream-main", "lints only, for a line whose base CI cannot fetch")],
+    "prove": [("prove 0008 mtp-loss-mask-contract", "prove two patches (a few minutes)"),
+              ("prove --record --jobs 2", "prove all and refresh patches/proof.json and the README column"),
+              ("prove --mutants 8 --record NAMES", "re-score the mutant records check lists as STALE")],
+    "tree": [("tree /tmp/without-0017 --without 0017", "the stack without one patch, for a benchmark")],
+    "list": [("list", "print the patch table"),
+             ("list --update-readme", "rewrite the README's table (after adding or renaming a patch)")],
+    "bump": [("bump --onto pypi:megatron-core==0.19.3 --dry-run", "forecast a bump; prints the outcome line"),
+             ("bump --onto pypi:megatron-core==0.19.3", "bump; stops at a conflict for --continue"),
+             ("bump --continue", "after resolving the stop in .rebase/work (git add)"),
+             ("bump --abort", "restore everything as it was before the bump"),
+             ("bump --line upstream-dev --onto git:URL@COMMIT --allow-downgrade",
+              "move a line onto an older-dated base (refused without the flag)")],
+    "seed": [("seed --line upstream-main", "restart the line from the release line's patches")],
+    "report": [("report", "regenerate REBASE_REPORT.md/.json of the last bump"),
+               ("report --old HEAD~5 --output /tmp/r.md", "compare the stack of an earlier commit")],
+}
+SEE_ALSO = "docs/editing-a-patch.md (changing patches, the record rule, bumps);\n  tools/rebase/README.md (the code)"
+# The top-level ``--help`` epilog: the everyday flow, and the rule for the proof records.
+OVERVIEW = """A contributor's edit, in seconds:
+  python -m tools.rebase apply         # .rebase/work and megatron/ from patches/
+  (edit files in .rebase/work; or in megatron/, then add --from-tree below)
+  python -m tools.rebase edit PATCH    # fold the change into PATCH and export
+  python -m tools.rebase check         # a proof record for another stack is STALE, not a failure
+
+The maintainer refreshes the records at release or bump time (prove --record;
+prove --mutants N --record NAMES; check --strict-records). `COMMAND --help` shows
+what each command writes, how long it takes, and examples.
+
+See also: """ + SEE_ALSO
+
+
 def describe(command: str) -> str:
-    """The ``description`` of ``command``'s parser: what it does, then Writes: and Takes:."""
+    """The ``description`` of ``command``'s parser, laid out as a man page: what it does, then
+    Writes:, Takes:, Examples: and See also:."""
     does, writes, takes = _COMMANDS[command]
     paragraphs = (does, f"Writes: {writes}", f"Takes: {takes}")
-    return "\n\n".join(textwrap.fill(text, width=78, break_on_hyphens=False) for text in paragraphs)
+    text = "\n\n".join(textwrap.fill(t, width=78, break_on_hyphens=False) for t in paragraphs)
+    examples = "\n".join(f"  python -m tools.rebase {line}\n      {what}" for line, what in _EXAMPLES[command])
+    return f"{text}\n\nExamples:\n{examples}\n\nSee also: {SEE_ALSO}"
 
 
 def add_command(sub, name: str, help: str):

@@ -125,9 +125,10 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
 
 
 RECORDS_RULE = (
-    "STALE is not a failure: a contributor's edit needs only apply, edit, export, check. CI re-proves "
-    "the stack with `prove`; the maintainer refreshes patches/proof.json and the README's Proof column "
-    "at release or bump time with the commands above (`check --strict-records` fails until then).")
+    "the STALE records are for another stack, which is not a failure: a contributor's edit needs only "
+    "apply, edit, export, check. CI re-proves the stack with `prove`; the maintainer refreshes "
+    "patches/proof.json and the README's Proof column at release or bump time with the commands "
+    "above (`check --strict-records` fails until then).")
 
 
 def check_records(layout, log, strict_records: bool) -> list:
@@ -147,7 +148,7 @@ def check_records(layout, log, strict_records: bool) -> list:
     for notice in stale:
         log(f"STALE: {notice}")
     if stale:
-        log(f"STALE: {RECORDS_RULE}")
+        log(f"check: {RECORDS_RULE}")
     return problems
 
 
