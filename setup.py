@@ -115,7 +115,9 @@ class BuildPy(build_py):
         return outfile, copied
 
 
-refuse_setuptools_inputs()
+# An unpacked sdist carries the setup.cfg setuptools itself wrote into it (its egg_info tags).
+if not building_from_sdist():
+    refuse_setuptools_inputs()
 materialize()
 
 setup(

@@ -164,8 +164,7 @@ def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
     opened = tarfile.open(fileobj=archive, mode="r:*") if hasattr(archive, "read") else tarfile.open(archive)
     label = label or archive
     with opened as tar:
-        members = tar.getmembers()
-        for m in members:
+        for m in tar.getmembers():
             name = Path(m.name)
             if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):
                 raise RebaseError(f"{label}: refusing unsafe member {m.name!r}")
