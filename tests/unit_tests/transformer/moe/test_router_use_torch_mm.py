@@ -35,6 +35,9 @@ def _te_gemm_stand_in(weight, inp, out_dtype, layout="TN", bias=None, **_):
 
 
 def _router(use_torch_mm, bias=False, **extra):
+    """``use_torch_mm=None`` leaves the field at its default."""
+    if use_torch_mm is not None:
+        extra["moe_router_use_torch_mm"] = use_torch_mm
     config = TransformerConfig(
         num_layers=1,
         hidden_size=HIDDEN,
@@ -43,7 +46,6 @@ def _router(use_torch_mm, bias=False, **extra):
         moe_router_topk=2,
         moe_router_load_balancing_type="none",
         moe_router_dtype="fp32",
-        moe_router_use_torch_mm=use_torch_mm,
         use_cpu_initialization=True,
         add_bias_linear=bias,
         **extra,
@@ -89,6 +91,13 @@ class TestRouterUseTorchMM:
         router = _router(False, bias=bias)
         logits = router.gating(hidden)
         assert _relative_error(logits, _reference(router, hidden)) > TF32_FLOOR
+
+    def test_off_by_default(self, monkeypatch):
+        monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
+        hidden = torch.randn(8, 4, HIDDEN)
+        router = _router(None)
+        assert router.config.moe_router_use_torch_mm is False
+        assert _relative_error(router.gating(hidden), _reference(router, hidden)) > TF32_FLOOR
 
     def test_bf16_operands_give_exact_products_in_fp32(self):
         hidden = torch.randn(8, 4, HIDDEN).bfloat16()
