@@ -94,6 +94,17 @@ class TestMoECombineInFp32:
         matches = (output == exact.to(torch.bfloat16)).double().mean().item()
         assert matches > 0.99, f"only {matches:.3f} of the output is the single rounding"
 
+    def test_inference_flag_alone_keeps_the_fp32_combine(self, dispatcher):
+        """InferenceMode without the inference dispatcher runs the training path (an RL log-prob
+        pass beside a rollout engine): the combine stays fp32."""
+        from megatron.core.inference.utils import InferenceMode
+
+        _, expected, _ = _run(_layer(dispatcher, True))
+        with InferenceMode.active():
+            _, output, seen = _run(_layer(dispatcher, True))
+        assert torch.equal(seen["expert_probs"], torch.ones_like(seen["expert_probs"]))
+        assert torch.equal(output, expected)
+
     def test_off_by_default_weights_in_the_experts(self, dispatcher):
         layer = _layer(dispatcher)
         assert layer.config.moe_combine_in_fp32 is False
