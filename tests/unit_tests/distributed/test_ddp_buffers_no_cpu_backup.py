@@ -107,3 +107,10 @@ class TestBuffersWithoutCpuBackup:
             ddp = _ddp(disable_grad_buffers_cpu_backup=True)
         assert all(b.grad_data is not None for b in _buffers(ddp))
         assert "torch_memory_saver is not installed" in caplog.text
+
+    @pytest.mark.parametrize(
+        "flag", ["disable_grad_buffers_cpu_backup", "disable_param_buffers_cpu_backup"]
+    )
+    def test_refused_with_nccl_ub(self, saver, flag):
+        with pytest.raises(ValueError, match=r"cpu_backup.*nccl_ub allocates them from NCCL"):
+            _ddp(use_distributed_optimizer=True, nccl_ub=True, **{flag: True})
