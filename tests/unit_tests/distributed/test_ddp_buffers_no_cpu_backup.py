@@ -87,6 +87,8 @@ class TestBuffersWithoutCpuBackup:
         for buffer in _buffers(ddp):
             assert _region_of(saver, buffer.grad_data) == [("grad_buffer", False)]
             assert _region_of(saver, buffer.param_data) == [("param_buffer", False)]
+            # Allocated as before, only elsewhere: plain buffers, not tensors autograd tracks.
+            assert not buffer.param_data.requires_grad and not buffer.grad_data.requires_grad
 
     def test_param_flag_alone_leaves_grad_buffers_out(self, saver):
         ddp = _ddp(use_distributed_optimizer=True, disable_param_buffers_cpu_backup=True)
