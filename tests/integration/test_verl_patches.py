@@ -59,15 +59,25 @@ def test_mtp_inference_patch_passes_compute_mtp_through():
     assert torch.equal(model(tokens, positions, mask, compute_mtp=False), expected)
 
 
-def test_router_replay_patch_is_refused_by_the_fork_replay():
+def test_router_replay_patch_is_refused_at_mtp_build_and_by_the_fork_replay():
     replay_patch = verl_module("verl.utils.megatron.router_replay_patch")
     replay_patch.apply_router_replay_patch()
-    model = tiny_model(tiny_config(moe_enable_routing_replay=True))
 
-    # The fork's replay is switched off: its registry is empty, and verl's own RouterReplay
-    # has an instance for the MTP router as well (3, where the fork keeps 2).
+    # verl's TopKRouter.__init__ gives the MTP layer's router a replay object of its own (it would
+    # replay MTP routing too): the MTP layer refuses at build, naming verl's replacement.
+    with pytest.raises(
+        ForkSymbolReplaced,
+        match=r"MTP layer's router .*verl\.utils\.megatron\.router_replay_patch\.RouterReplay.*"
+        r"TopKRouter\.__init__ was replaced by verl\.",
+    ):
+        tiny_model(tiny_config(moe_enable_routing_replay=True))
+
+    # Without MTP the model builds; the fork's replay is switched off: its registry is empty,
+    # verl's RouterReplay holds the two decoder routers, and the fork's RouterReplay API refuses.
+    replay_patch.RouterReplay.router_instances.clear()
+    model = tiny_model(tiny_config(moe_enable_routing_replay=True, mtp_num_layers=None))
     assert RouterReplay.get_instances(model) == []
-    assert len(replay_patch.RouterReplay.router_instances) == 3
+    assert len(replay_patch.RouterReplay.router_instances) == 2
     out = io.StringIO()
     found = fork_compat.check(model, file=out)
     assert {"TopKRouter.__init__", "TopKRouter.routing"} <= set(_symbols(found))
