@@ -3,6 +3,7 @@
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
+from tools.rebase.stack.drops import lint_drops
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import (
     FILE_NAME, REQUIRED_TRAILERS, UPSTREAM_STATUS_WORDS, parse_patch, read_series,
@@ -110,6 +111,7 @@ def check_without_base(layout, log=print) -> list:
     if not problems:
         log(f"series ok: {len(parsed)} patches")
     problems += lint_resolutions(layout, {p.name for p in parsed})
+    problems += lint_drops(layout, {p.name for p in parsed})
     from tools.rebase.proof.record import read_record
 
     if not problems:
@@ -145,6 +147,7 @@ def check(layout, log=print) -> list:
     warn_unexported(layout, log)
     lint_problems, parsed, series = lint_series(layout)
     lint_problems += lint_resolutions(layout, {p.name for p in parsed})
+    lint_problems += lint_drops(layout, {p.name for p in parsed})
     problems += lint_problems
     if lint_problems:
         return problems
