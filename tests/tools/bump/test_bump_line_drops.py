@@ -2,8 +2,9 @@
 
 The defect: the upstream-dev line dropped the patches upstream dev had absorbed, but a refresh
 (``seed --line NAME`` copies the release line's series, then ``bump``) brought every one of them
-back and stopped on each again. Now ``bump --continue --drop`` on a line writes the drop, ``seed``
-leaves it out, and ``check`` lints the file; a line's reduced patch keeps its own message too."""
+back and stopped on each again. Now ``bump --continue --drop`` on a line writes the drop, the line's
+bump drops a recorded patch when the replay reaches it, and ``check`` lints the file; ``seed``
+keeps the message of a patch the line reduced."""
 
 import shutil
 
@@ -58,13 +59,17 @@ def test_a_drop_on_a_line_is_recorded_and_a_refresh_does_not_stop_on_it(tmp_path
     assert list(read_drops(line.layout)) == ["tweak-beta"]
     assert read_series(line.layout.series).names == ["0001-keep-alpha.patch"]
     assert check_without_base(line.layout, log=quiet) == []
-    # the refresh: the release line's series without the recorded drop, then a bump with no stop
+    # the refresh: seed copies the release line's whole series (on v1 the later patches may need
+    # the dropped one's context), and the bump drops the recorded patch again without a stop
     seeded = seed_line(line.layout, log=quiet)
-    assert seeded.patches == 1
+    assert seeded.patches == 2
+    logged = []
+    data = bump(line.layout, f"git:{fork.upstream}@v2", log=logged.append, test_runner=no_tests)
+    assert any("tweak-beta: dropped (recorded in lines/ahead/patches/dropped)" in e for e in logged), logged
+    rows = {r["patch_name"]: r for r in data["mapping"]}
+    assert rows["tweak-beta"]["status"] == "dropped"
+    assert "recorded in lines/ahead/patches/dropped: dropped by the bump onto" in rows["tweak-beta"]["note"]
     assert read_series(line.layout.series).names == ["0001-keep-alpha.patch"]
-    assert not list(line.layout.patches.glob("*tweak-beta*"))
-    data = bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_tests)
-    assert [r["patch_name"] for r in data["mapping"] if r["new"]] == ["keep-alpha"]
     assert list(read_drops(line.layout)) == ["tweak-beta"], "the record survives the refresh"
     # the release line is untouched: it still carries the patch
     assert read_series(fork.layout.series).names == ["0001-keep-alpha.patch", "0002-tweak-beta.patch"]
@@ -138,3 +143,20 @@ def test_check_lints_the_drops_file(tmp_path, cache):
         parse_drops("a-b: x\na-b: y\n", "dropped")
     with pytest.raises(RebaseError, match="must be lowercase"):
         parse_drops("Bad_Name: x\n", "dropped")
+
+
+def test_a_recorded_drop_in_the_middle_of_a_clean_stretch(tmp_path, cache):
+    """A patch recorded as dropped that would merge cleanly is dropped too, and the patches after it
+    replay on without it."""
+    fork = make_fork(tmp_path)
+    fork.stack(STACK + [("third", {A: replace_line("alpha line 3\n", "alpha line 3 fork\n")})])
+    fork.upstream_commit({"megatron/core/gamma.py": lambda t: t + "GAMMA_UP = 1\n"}, "upstream: gamma")
+    sh("git", "tag", "v2", cwd=fork.upstream)
+    line = add_line(fork, "ahead")
+    shutil.rmtree(line.layout.patches)
+    shutil.copytree(fork.layout.patches, line.layout.patches)
+    (line.layout.patches / "dropped").write_text("tweak-beta: absorbed upstream\n")
+    data = bump(line.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_tests)
+    assert [r["patch_name"] for r in data["mapping"] if r["new"]] == ["keep-alpha", "third"]
+    assert read_series(line.layout.series).names == ["0001-keep-alpha.patch", "0002-third.patch"]
+    assert "beta line 5 fork" not in (line.layout.patches / "0002-third.patch").read_text()

@@ -3,8 +3,10 @@ line leaves out on purpose (upstream ``dev`` absorbed them, say), one ``Patch-Na
 
 Why a file: a line is refreshed by ``seed --line NAME`` (which copies the release line's series)
 and a bump. Without a record, every refresh brought the dropped patches back and the bump stopped
-on them again. ``bump --continue --drop`` on a line writes the entry; ``seed`` leaves the listed
-patches out of the series it copies; ``check`` lints the file. The release line has no such file:
+on them again. ``bump --continue --drop`` on a line writes the entry; the line's bump drops every
+listed patch when the replay reaches it, conflict or not (``bump/replay.py``; ``seed`` still copies
+them, since on the old base later patches may need their context); ``check`` lints the file.
+The release line has no such file:
 a patch it drops is gone from its own series.
 """
 
@@ -16,7 +18,7 @@ from tools.rebase.stack.series import _refuse_link
 FILE_NAME = "dropped"
 HEADER = (
     "# Patches of the release line that this line drops on purpose: `Patch-Name: reason`.\n"
-    "# Written by `bump --line NAME --continue --drop`; `seed --line NAME` leaves them out.\n"
+    "# Written by `bump --line NAME --continue --drop`; the line's next bump drops them again.\n"
 )
 
 

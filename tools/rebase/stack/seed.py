@@ -9,10 +9,11 @@ and every ``Tests:`` id its version of a patch names that the release line's doe
 line's ``Upstream-Status:`` differs from the release line's (the line reduced the patch on its base),
 the line's whole message. Refused: a
 line holding patches the release line lacks (they would be lost), a bump in progress on the line,
-unexported work in its work repo, and patch files edited since its last apply or export. Left out:
-the patches the line records as dropped (``patches/dropped``, ``stack/drops.py``), so the refresh's
-bump does not stop on them again. The files it replaces are saved under the line's state directory
-first; a failure while writing puts them back.
+unexported work in its work repo, and patch files edited since its last apply or export. The
+patches the line records as dropped (``patches/dropped``) are copied too: they may carry context
+later patches need on the old base; the refresh's bump drops them again (``bump/replay.py``). The
+files it replaces are saved under the line's state directory first; a failure while writing puts
+them back.
 """
 
 import dataclasses
@@ -22,7 +23,6 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.lock import locked
 from tools.rebase.git.safefs import makedirs, read_nofollow, write_file
-from tools.rebase.stack.drops import read_drops
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import _patch_break, _refuse_link, parse_patch, read_series
 from tools.rebase.stack.state import changed_patch_files, read_state
@@ -102,10 +102,7 @@ def seeded_files(release, line) -> tuple:
             f"lose them: add them to the release line first (or drop them from the line). Nothing was written."
         )
     files, kept = {}, {}
-    drops = read_drops(line)
     for file_name, patch in release_stack:
-        if patch.name in drops:
-            continue
         text = read_nofollow(release.patches / file_name).decode("utf-8")
         mine = line_patches.get(patch.name)
         if mine and mine.upstream_status != patch.upstream_status:
@@ -120,14 +117,8 @@ def seeded_files(release, line) -> tuple:
             text = add_test_ids(text, extra, f"{release.rel(release.patches / file_name)}")
             kept[patch.name] = extra
         files[file_name] = text
-    files["series"] = _without(read_nofollow(release.series).decode("utf-8"),
-                               {f for f, p in release_stack if p.name in drops})
+    files["series"] = read_nofollow(release.series).decode("utf-8")
     return files, kept
-
-
-def _without(series: str, left_out: set) -> str:
-    """The release line's series text without the entries of the line's recorded drops."""
-    return "".join(line for line in series.splitlines(keepends=True) if line.strip() not in left_out)
 
 
 def _check_written(root: Path, staging: Path, files: dict, kept: dict) -> None:
