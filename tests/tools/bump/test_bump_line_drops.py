@@ -160,3 +160,15 @@ def test_a_recorded_drop_in_the_middle_of_a_clean_stretch(tmp_path, cache):
     assert [r["patch_name"] for r in data["mapping"] if r["new"]] == ["keep-alpha", "third"]
     assert read_series(line.layout.series).names == ["0001-keep-alpha.patch", "0002-third.patch"]
     assert "beta line 5 fork" not in (line.layout.patches / "0002-third.patch").read_text()
+
+
+def test_a_dry_run_right_after_seed_forecasts_the_refresh(tmp_path, cache):
+    """The refresh's forecast: after ``seed`` the line's work repo still holds the old stack, so the
+    scratch copy rebuilds it; that rebuilt repo is the tool's own, not a foreign one to refuse."""
+    from tools.rebase.bump import forecast
+
+    fork, line = line_that_dropped_beta(tmp_path)
+    seed_line(line.layout, log=quiet)
+    data = forecast.forecast(line.layout, f"git:{fork.upstream}@v2")
+    outcomes = {row["name"]: row["status"] for row in data["patches"]}
+    assert outcomes == {"keep-alpha": "clean", "tweak-beta": "dropped"}, data["patches"]

@@ -46,10 +46,9 @@ def parse_drops(text: str, where: str) -> dict:
 
 
 def read_drops(layout) -> dict:
-    """The line's recorded drops (empty for the release line or a line without the file)."""
+    """The line's recorded drops (empty without the file; only a line's bump writes one, but a
+    dry run reads it in its scratch copy, which is laid out like the release line)."""
     path = drops_path(layout)
-    if layout.line is None:
-        return {}
     _refuse_link(path)
     if not path.exists():
         return {}
