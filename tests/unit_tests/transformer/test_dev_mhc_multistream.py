@@ -94,6 +94,36 @@ class TestDroppedMultistream:
             )
 
 
+class TestReplacedPostprocessSignature:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_a_replacement_without_the_argument_is_named(self):
+        # A framework's _postprocess copied from a release before dev's contract has no
+        # mhc_multistream parameter: the model names the replacement instead of a TypeError.
+        model = dev_mhc_mtp_model()
+        original = model._postprocess
+
+        def older_postprocess(
+            hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
+            rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, decoder_input=None,
+            attention_mask=None, padding_mask=None, inference_params=None, packed_seq_params=None,
+            sequence_len_offset=None, runtime_gather_output=None, extra_block_kwargs=None,
+            inference_context=None, output_processor=None, output_processor_context=None,
+        ):
+            raise AssertionError("must not be called with the multistream dropped")
+
+        model._postprocess = older_postprocess
+        tokens, position_ids, mask = causal_batch()
+        with pytest.raises(RuntimeError, match="takes no mhc_multistream") as err:
+            model(tokens, position_ids, mask, labels=tokens)
+        assert "older_postprocess" in str(err.value)
+        model._postprocess = original
+
+
 class TestSpeculativeDecoding:
     def test_engine_check_refuses_speculative_tokens_only(self):
         from megatron.core.transformer.mhc_multistream import refuse_mtp_speculative_decoding
