@@ -112,3 +112,19 @@ class TestReclaimWithDevMHC:
         assert any(name.startswith("mtp.") for name in g_on), "the MTP layer must get gradients"
         for name in g_off:
             torch.testing.assert_close(g_on[name], g_off[name], rtol=0, atol=0, msg=name)
+
+
+class TestPostSublayerNorms:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_dev_mhc_layer_refuses_the_norms(self):
+        # dev's mHC layer overrides the methods that apply the post-sublayer norms (patch
+        # post-sublayer-layernorm): it must refuse them, not build norms it never applies.
+        for flags in (dict(post_self_attn_layernorm=True), dict(post_mlp_layernorm=True)):
+            with pytest.raises(ValueError, match="does not apply the post-sublayer norms"):
+                dev_mhc_mtp_model(**flags)
+        dev_mhc_mtp_model()  # without the flags the same model builds
