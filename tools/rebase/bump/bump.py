@@ -87,9 +87,11 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
         """Replay stretch after stretch until the end or a stop, then test and finish."""
         j = self.j
         while j.phase == "replaying" and j.next < len(j.commits):
+            if self._drop_recorded(j.next):
+                continue
             idx, output = self._replay_stretch()
             if idx is None:
-                break
+                continue  # replayed to the end, or up to a patch the line records as dropped
             self._at_stop(idx, output)
         if j.phase == "replaying":
             j.phase = "testing"

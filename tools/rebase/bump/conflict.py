@@ -34,7 +34,7 @@ class ConflictStop:
         unmerged = _unmerged(work)
         # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
         # amended at a test stop (resolutions.py); only this patch's own.
-        edited = rr.apply_merge_edits(work, rr.paths_of_blobs(work, self._edit_ids(j.names[idx])))
+        edited = rr.apply_merge_edits_chained(work, self._edit_ids(j.names[idx]))
         if edited:
             self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
         if not unmerged and not _marker_files(work):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, init_borrowing
+from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
 from tools.rebase.git.paths import Layout
 from tools.rebase.stack.state import read_state
 from tools.rebase.git.safefs import copy_entry, write_file
@@ -57,6 +58,9 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
         work = scratch.work
         work.mkdir(parents=True)
         init_borrowing(work, real, "-b", "patched")
+        # the tool made this repo here: when the stack must be rebuilt in it (a line just seeded),
+        # apply's check for a foreign work repo must not refuse it
+        mark(work / ".git", WORK_MARKER, WORK_PURPOSE)
         refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/tags/upstream/",
                    "refs/upstream-history/", "refs/heads/patched", cwd=real)
         feed = "".join(f"update {ref} {sha}\n" for sha, ref in (line.split(" ", 1) for line in refs.splitlines()))
@@ -166,6 +170,8 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
                 row["status"] = f"resolved by a recorded resolution of {o['how']}"
             elif o.get("outcome") == "resolved-recorded":
                 row["status"] = "resolved (recorded resolution)"
+            elif o.get("outcome") == "dropped":  # recorded in the line's patches/dropped
+                row.update(status="dropped", note=o.get("note", ""))
             else:
                 row["status"] = "clean"
             data["patches"].append(row)
@@ -271,6 +277,8 @@ def _detail(row: dict) -> str:
         return text
     if row["status"] == "lint finding":
         return "; ".join(row.get("findings", []))
+    if row["status"] == "dropped":
+        return row.get("note", "").replace("removed on purpose by the maintainer; ", "")
     return ""
 
 

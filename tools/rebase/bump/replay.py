@@ -6,9 +6,10 @@ from tools.rebase.bump import resolutions as rr
 from tools.rebase.bump.journal_records import Outcome
 from tools.rebase.bump.commits import _describe, _head, _patch_name, _read, _reset_to
 from tools.rebase.bump.finish import _prefetch_finish
-from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE
+from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE, DROPPED_NOTE
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
+from tools.rebase.stack.drops import drops_path, read_drops
 
 
 class ReplayPhase:
@@ -24,9 +25,10 @@ class ReplayPhase:
         # date = author date so ids are reproducible); it stops at the first conflict.
         first = j.next
         upstream = j.commits[first - 1] if first else j.old_base
+        limit = self._next_recorded_drop(first)  # the stretch ends before a patch the line drops
         proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j.tip, "--reapply-cherry-picks",
                         "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",
-                        "--no-update-refs", upstream, j.old_tip, cwd=work)
+                        "--no-update-refs", upstream, j.commits[limit - 1], cwd=work)
         self.hook("after-rebase", index=first)
         idx = None
         if (work / ".git" / "rebase-merge").is_dir():
@@ -41,13 +43,13 @@ class ReplayPhase:
         elif proc.returncode != 0:
             _reset_to(work, j.tip)
             raise RebaseError(f"replaying the patches failed:\n{(proc.stdout + proc.stderr).strip()}")
-        head, end = _head(work), idx if idx is not None else len(j.commits)
+        head, end = _head(work), idx if idx is not None else limit
         edited = self._first_with_recorded_edits(head, end)
         if edited:  # taken like a recorded resolution: staged on its parent for _at_stop
             idx, commit, head = edited
             end = idx
-        if idx is None:  # replayed to the end: the export and report read head while lint runs
-            _prefetch_finish(work, j, head)
+        if idx is None and limit == len(j.commits):  # replayed to the end: the export and report
+            _prefetch_finish(work, j, head)  # read head while lint runs
         broken = self._lint_replayed(head, end)
         if broken:  # a clean merge that broke a Python file stops like a conflict
             k, bad, parent, findings = broken
@@ -59,6 +61,28 @@ class ReplayPhase:
             git("reset", "-q", "--soft", head, cwd=work)
             return idx, None
         return idx, proc.stdout + proc.stderr
+
+    def _next_recorded_drop(self, first: int) -> int:
+        """Index of the first patch after ``first`` the line records as dropped, else the count."""
+        drops = self._recorded_drops()
+        return next((k for k in range(first + 1, len(self.j.commits)) if self.j.names[k] in drops),
+                    len(self.j.commits))
+
+    def _recorded_drops(self) -> dict:
+        if not hasattr(self, "_drops"):
+            self._drops = read_drops(self.layout)
+        return self._drops
+
+    def _drop_recorded(self, idx: int) -> bool:
+        """Drop patch ``idx`` if the line records it as dropped (``patches/dropped``): a refresh
+        from the release line does not stop on it again."""
+        reason = self._recorded_drops().get(self.j.names[idx])
+        if reason is None:
+            return False
+        shown = self.layout.rel(drops_path(self.layout))
+        self._record(idx, "dropped", note=f"{DROPPED_NOTE}; recorded in {shown}: {reason}")
+        self.log(f"  {self.j.names[idx]}: dropped (recorded in {shown})")
+        return True
 
     def _first_with_recorded_edits(self, head, end):
         """The first patch of ``tip..head`` that merged cleanly to a file a recorded edit of that

@@ -254,6 +254,19 @@ def apply_merge_edits(work: Path, blobs: dict) -> list:
     return changed
 
 
+def apply_merge_edits_chained(work: Path, ids, rounds: int = 8) -> list:
+    """``apply_merge_edits`` until no recorded edit starts from a staged file: an edit recorded at
+    a stop starts from the merged file as an earlier edit left it (a lent line's, say), so a replay
+    needs both, in order. Bounded, so edits that lead back to their start cannot loop forever."""
+    edited = []
+    for _ in range(rounds):
+        step = apply_merge_edits(work, paths_of_blobs(work, ids))
+        if not step:
+            break
+        edited += [path for path in step if path not in edited]
+    return edited
+
+
 # ---------------------------------------------------------------- edits made at a test stop
 #
 # At a test stop the maintainer amends patch commits in the work repo. A patch that merged cleanly

@@ -7,6 +7,7 @@ from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _p
     _reset_to, _staged_changes, _tests_of, _unmerged
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, is_clean, rev_parse
+from tools.rebase.stack.drops import drops_path, record_drop
 
 
 class ContinuePhase:
@@ -23,6 +24,9 @@ class ContinuePhase:
             note = self._drop_note(idx)
             self._record(idx, "dropped", note=note)
             self.log(f"  {name}: dropped ({note})")
+            if record_drop(self.layout, name, f"dropped by the bump onto {self.j.onto}"):
+                self.log(f"  {name}: recorded in {self.layout.rel(drops_path(self.layout))}: a later "
+                         f"seed leaves it out (edit the reason there: why this line does not need it)")
             return
         head = git("rev-parse", "HEAD", cwd=work).strip()
         if head != j.tip:

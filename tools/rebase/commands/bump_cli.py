@@ -19,7 +19,8 @@ def register(sub):
     g.add_argument("--continue", dest="cont", action="store_true", help="resume a stopped or interrupted bump")
     g.add_argument("--abort", action="store_true", help="restore pin, patches/, report and work repo")
     p.add_argument("--drop", action="store_true",
-                   help="with --continue: remove the patch the bump stopped at, on purpose")
+                   help="with --continue: remove the patch the bump stopped at, on purpose "
+                        "(a line records it in patches/dropped)")
     p.add_argument("--no-tests", action="store_true",
                    help="do not re-run the Tests: of patches whose conflicts were resolved")
     p.add_argument("--mirror", metavar="PATH",

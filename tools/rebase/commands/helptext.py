@@ -68,8 +68,9 @@ _COMMANDS = {
         "Move the stack onto a new upstream: replay every patch with 3-way merges and recorded "
         "resolutions, drop absorbed patches, then update the pin, export patches/ and write the "
         "range-diff review report. Stops on a conflict (with its upstream causes) or a post-merge "
-        "lint finding for you to resolve, then --continue (or --drop the patch); --abort restores "
-        "everything exactly. "
+        "lint finding for you to resolve, then --continue (or --drop the patch: on a line the drop "
+        "is recorded in lines/NAME/patches/dropped, and the line's next bump drops it again); "
+        "--abort restores everything exactly. "
         "--dry-run forecasts every stop by running the bump in a scratch copy.",
         "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, the README's "
         "patch table, .rebase/, and megatron/ while re-running Tests: of resolved patches (put back "
@@ -82,7 +83,8 @@ _COMMANDS = {
     "seed": (
         "Refresh a line's starting point from the release line (needs --line NAME): its series, "
         "patch files and pin become the release line's, keeping the line's resolutions/, proof "
-        "record, report and the Tests: ids only the line's patches name; then run `bump --line "
+        "record, report, recorded drops (patches/dropped), the Tests: ids only the line's patches "
+        "name and the whole message of a patch whose Upstream-Status the line changed; then run `bump --line "
         "NAME --onto <its base>`. Refuses when the line holds patches the release line lacks, a "
         "bump is in progress on it, or it has unexported work.",
         "lines/NAME/upstream.toml, lines/NAME/patches/series and *.patch; the replaced files are "

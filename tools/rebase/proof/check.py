@@ -11,6 +11,7 @@ with ``prove``; the maintainer refreshes the records at release or bump time, wh
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
+from tools.rebase.stack.drops import lint_drops
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import (
     FILE_NAME, REQUIRED_TRAILERS, UPSTREAM_STATUS_WORDS, parse_patch, read_series,
@@ -118,6 +119,7 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     if not problems:
         log(f"series ok: {len(parsed)} patches")
     problems += lint_resolutions(layout, {p.name for p in parsed})
+    problems += lint_drops(layout, {p.name for p in parsed})
     if not problems:
         problems += check_records(layout, log, strict_records)
     log(BASELESS_NOTE)
@@ -178,6 +180,7 @@ def check(layout, log=print, strict_records: bool = False) -> list:
     warn_unexported(layout, log)
     lint_problems, parsed, series = lint_series(layout)
     lint_problems += lint_resolutions(layout, {p.name for p in parsed})
+    lint_problems += lint_drops(layout, {p.name for p in parsed})
     problems += lint_problems
     if lint_problems:
         return problems

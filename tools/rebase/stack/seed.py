@@ -5,10 +5,15 @@ line's base with its recorded resolutions).
 Why a command: copying the files by hand dropped what only the line's patches said. A line adds
 ``Tests:`` ids for code that exists on its base alone (upstream main's mHC layer, say), and the
 refresh from the release line lost them. Kept: the line's ``resolutions/``, proof record, report
-and every ``Tests:`` id its version of a patch names that the release line's does not. Refused: a
+and every ``Tests:`` id its version of a patch names that the release line's does not; where the
+line's ``Upstream-Status:`` differs from the release line's (the line reduced the patch on its base),
+the line's whole message. Refused: a
 line holding patches the release line lacks (they would be lost), a bump in progress on the line,
-unexported work in its work repo, and patch files edited since its last apply or export. The files
-it replaces are saved under the line's state directory first; a failure while writing puts them back.
+unexported work in its work repo, and patch files edited since its last apply or export. The
+patches the line records as dropped (``patches/dropped``) are copied too: they may carry context
+later patches need on the old base; the refresh's bump drops them again (``bump/replay.py``). The
+files it replaces are saved under the line's state directory first; a failure while writing puts
+them back.
 """
 
 import dataclasses
@@ -43,6 +48,18 @@ def add_test_ids(text: str, ids: list, where: str) -> str:
     while i < end and lines[i][:1] in (" ", "\t") and lines[i].strip():
         i += 1
     return "\n".join(lines[:i] + [f" {t}" for t in ids] + lines[i:])
+
+
+def _message_end(lines: list) -> int:
+    """Index of the line where ``git am`` stops reading a format-patch file's message."""
+    return next((i for i, line in enumerate(lines) if _patch_break(line)), len(lines))
+
+
+def with_message_of(text: str, donor: str) -> str:
+    """``text`` (a format-patch file) with the header and message of ``donor`` (another version
+    of the same patch): the line's own decision about a patch survives a refresh."""
+    lines, donor_lines = text.split("\n"), donor.split("\n")
+    return "\n".join(donor_lines[:_message_end(donor_lines)] + lines[_message_end(lines):])
 
 
 def _stack_of(layout):
@@ -88,6 +105,13 @@ def seeded_files(release, line) -> tuple:
     for file_name, patch in release_stack:
         text = read_nofollow(release.patches / file_name).decode("utf-8")
         mine = line_patches.get(patch.name)
+        if mine and mine.upstream_status != patch.upstream_status:
+            # The line decided about this patch on its base (reduced, say): its message, with its
+            # Upstream-Status and Tests:, goes with the release line's change.
+            text = with_message_of(text, read_nofollow(mine.path).decode("utf-8"))
+            kept[patch.name] = [t for t in mine.tests if t not in patch.tests]
+            files[file_name] = text
+            continue
         extra = [t for t in (mine.tests if mine else []) if t not in patch.tests]
         if extra:
             text = add_test_ids(text, extra, f"{release.rel(release.patches / file_name)}")
