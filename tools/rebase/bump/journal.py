@@ -23,7 +23,7 @@ from tools.rebase.git.gitcmd import git, git_proc, read_head
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 from tools.rebase.bump.journal_records import Backup, CorruptJournal, Journal, _build
-from tools.rebase.git.safefs import copy_entry, read_nofollow, write_file
+from tools.rebase.git.safefs import copy_entry, exchange, read_nofollow, write_file
 
 
 def bump_dir(layout) -> Path:
@@ -226,10 +226,28 @@ def restore(layout) -> None:
         _remove(staging)
         if name in present:
             _copy(backup / name, staging)
-            _remove(live)
-            os.replace(staging, live)
+            _swap_in(staging, live)
         else:
             _remove(live)
+
+
+def _swap_in(staging: Path, live: Path) -> None:
+    """Put ``staging`` at ``live`` so that a kill leaves one of the two whole at ``live``: files
+    and links by one rename, folders by one atomic exchange (the old one is removed after); where
+    the file system cannot exchange, the old folder is renamed aside first (``find_root`` still
+    finds the checkout by its backup, and the next ``bump --abort`` finishes)."""
+    aside = live.with_name(live.name + ".bump-old")
+    if live.is_dir() and not live.is_symlink() and staging.is_dir() and exchange(staging, live):
+        _remove(staging)  # now the old folder
+    elif live.is_dir() and not live.is_symlink():
+        _remove(aside)
+        os.rename(live, aside)
+        os.replace(staging, live)
+    else:
+        if staging.is_dir() and os.path.lexists(live):
+            _remove(live)  # a file or link where the folder goes
+        os.replace(staging, live)  # a file or a link (replaced itself, never followed), or nothing there
+    _remove(aside)  # this run's, or one a killed run left
 
 
 def finish(layout) -> None:

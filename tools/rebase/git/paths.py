@@ -20,13 +20,19 @@ LINES_DIR = "lines"
 NO_REPOSITORY_ANSWERS = ("not a git repository", "detected dubious ownership")
 
 
+def _mid_restore(candidate: Path) -> bool:
+    """A checkout whose ``patches/`` a killed ``bump --abort`` was putting back (without an atomic
+    exchange): its backup still holds the folder, so the next ``bump --abort`` can finish."""
+    return (candidate / STATE_DIR / "bump" / "backup" / "patches").is_dir()
+
+
 def find_root(start=None) -> Path:
     """Walk up from ``start`` (default: cwd) to the checkout root holding the pin file."""
     if start is not None and not Path(start).is_dir():
         raise RebaseError(f"-C {start}: no such directory")
     here = Path(start or os.getcwd()).resolve()
     for candidate in (here, *here.parents):
-        if (candidate / PIN_FILE).is_file() and (candidate / "patches").is_dir():
+        if (candidate / PIN_FILE).is_file() and ((candidate / "patches").is_dir() or _mid_restore(candidate)):
             return candidate
     # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere), but
     # never when a directory was named: that would act on another checkout than the one asked for.
