@@ -57,7 +57,8 @@ class ConflictStop:
             # (or the result is empty: already in the new base).
             if _staged_changes(work):
                 ids = rr.conflict_ids(work)
-                self._refuse_foreign_resolution(idx, sorted(set(ids) | set(rr.used_ids(work))))
+                if output is not None:  # a conflict stop: its pick was the stretch's last, rerere's reuses are its own
+                    self._refuse_foreign_resolution(idx, sorted(set(ids) | set(rr.used_ids(work))))
                 j.picking = StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
                 self._save()  # a kill after the commit below must not pass it off as a clean replay
                 new = _commit_pick(work, commit, j.dates[idx])
