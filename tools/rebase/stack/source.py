@@ -157,6 +157,12 @@ def open_verified_sdist(cache: Path, pin: Pin):
         fh.close()
 
 
+# Bounds on what an sdist may unpack to (the sizes its members declare, summed before anything is
+# written): 40x the members and ~60x the bytes of megatron-core 0.19.2.
+MAX_MEMBERS = 25_000
+MAX_EXTRACTED_BYTES = 512 * 1024 * 1024
+
+
 def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
     """Extract safely; return the sdist's top directory and its newest member mtime. ``archive``
     is a path or an open file (``open_verified_sdist``)."""
@@ -165,6 +171,12 @@ def _extract_sdist(archive, dest: Path, label=None) -> tuple[Path, int]:
     label = label or archive
     with opened as tar:
         members = tar.getmembers()
+        total = sum(m.size for m in members if m.isfile())
+        if total > MAX_EXTRACTED_BYTES or len(members) > MAX_MEMBERS:
+            raise RebaseError(f"{label}: refusing to extract {len(members)} members of {total} bytes in all "
+                              f"(at most {MAX_MEMBERS} members and {MAX_EXTRACTED_BYTES} bytes: megatron-core "
+                              f"0.19.2 holds 659 members, 8.9 MB); a small archive that unpacks to far more "
+                              f"would fill the disk")
         for m in members:
             name = Path(m.name)
             if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):
