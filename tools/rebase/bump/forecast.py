@@ -22,6 +22,7 @@ from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, init_borrowing
 from tools.rebase.git.paths import Layout
 from tools.rebase.stack.state import read_state
+from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
 from tools.rebase.git.safefs import copy_entry, write_file
 
 SCHEMA = "fork-rebase-forecast/1"
@@ -57,6 +58,7 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
         work = scratch.work
         work.mkdir(parents=True)
         init_borrowing(work, real, "-b", "patched")
+        mark(work / ".git", WORK_MARKER, WORK_PURPOSE)  # made here, now: the scratch's commands accept it
         refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/tags/upstream/",
                    "refs/upstream-history/", "refs/heads/patched", cwd=real)
         feed = "".join(f"update {ref} {sha}\n" for sha, ref in (line.split(" ", 1) for line in refs.splitlines()))
