@@ -25,7 +25,8 @@ UPSTREAM_FILES = {
 def allow_synthetic_upstreams(tmp_path_factory):
     """The tests' forks pin synthetic upstreams under pytest's temporary folder; a committed git pin
     names the upstream repository only unless the environment allows another (issue 46, item 8)."""
-    os.environ["FORK_REBASE_ALLOW_GIT_URL"] = str(tmp_path_factory.getbasetemp()) + "/"
+    allowed = [str(tmp_path_factory.getbasetemp()) + "/", "https://example.invalid/", "git@example.invalid:upstream.git"]
+    os.environ["FORK_REBASE_ALLOW_GIT_URL"] = ",".join(allowed)
     yield
     os.environ.pop("FORK_REBASE_ALLOW_GIT_URL", None)
 

@@ -137,9 +137,9 @@ def pin_from_table(table: dict, where: str) -> Pin:
                 f"{where}: commit must be a full 40-hex commit id, got {commit!r}"
             )
         ref = table.get("ref", "")
+        ref = names.git_ref(ref, where) if ref != "" else ""  # every field is checked before the URL is judged
         url = allowed_git_url(names.pinned_git_url(table["url"], where), where)
-        return Pin("git", url=url, commit=commit,
-                   ref=names.git_ref(ref, where) if ref != "" else "")
+        return Pin("git", url=url, commit=commit, ref=ref)
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
 
