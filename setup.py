@@ -47,6 +47,10 @@ def building_from_sdist() -> bool:
 
 
 def refuse_setuptools_inputs() -> None:
+    """A checkout's setup.cfg or MANIFEST.in is refused; an unpacked sdist carries the setup.cfg
+    setuptools itself wrote into it (its egg_info tags), made from a checkout that had none."""
+    if building_from_sdist():
+        return
     found = [name for name in SETUPTOOLS_INPUTS if os.path.lexists(ROOT / name)]
     if found:
         sys.exit(f"{ROOT}: refusing to build with {', '.join(found)}: setuptools would take build options, "

@@ -5,6 +5,8 @@ sdist source) and ``fork``, for the apply/export/check tests: a checkout pinned 
 (functions and constants the apply/export tests edit).
 """
 
+import os
+
 import pytest
 
 from tests.tools.bumpkit import make_fork, sh  # noqa: F401  (sh is re-exported for the tests)
@@ -17,6 +19,16 @@ UPSTREAM_FILES = {
     "megatron/core/beta.py": "".join(f"BETA_{i} = {i}\n" for i in range(30)),
     "README.md": "synthetic upstream\n",
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def allow_synthetic_upstreams(tmp_path_factory):
+    """The tests' forks pin synthetic upstreams under pytest's temporary folder; a committed git pin
+    names the upstream repository only unless the environment allows another (issue 46, item 8)."""
+    allowed = [str(tmp_path_factory.getbasetemp()) + "/", "https://example.invalid/", "git@example.invalid:upstream.git"]
+    os.environ["FORK_REBASE_ALLOW_GIT_URL"] = ",".join(allowed)
+    yield
+    os.environ.pop("FORK_REBASE_ALLOW_GIT_URL", None)
 
 
 @pytest.fixture

@@ -93,3 +93,42 @@ def test_a_kill_mid_export_leaves_the_old_series_or_the_new_one_never_a_mix(tmp_
     assert set(new) == set(old) and all(new[n] != old[n] for n in old)
     assert sh("git", "status", "--porcelain", "--untracked-files=all", "--", ".", cwd=ci).splitlines() == [
         f" M patches/{n}" for n in sorted(old)]
+
+
+# Without renameat2(RENAME_EXCHANGE) export renames patches/ aside, then the new folder in; this
+# kills it between the two (the audit hook runs before the rename it reports).
+FALLBACK_KILL = """
+import os, sys
+sys.path.insert(0, {repo!r})
+import tools.rebase.git.safefs as safefs
+safefs.exchange = lambda a, b: False
+def hook(event, args):
+    if event == "os.rename" and os.fspath(args[1]) == os.path.join({root!r}, "patches"):
+        os._exit(9)
+sys.addaudithook(hook)
+from tools.rebase.cli import main
+sys.exit(main(["-C", {root!r}, "export"]))
+"""
+
+
+def test_a_kill_in_the_two_rename_fallback_leaves_a_checkout_the_tool_finds_whole(tmp_path):
+    """Issue 46, Low: the kill leaves no patches/, only the aside copy; the next command finds the
+    checkout by it, puts the old series back, and the next export completes."""
+    fork = committed_fork(tmp_path)
+    ci = pull_request(fork, tmp_path, lambda pr: None)
+    env = dict(os.environ, FORK_REBASE_CACHE=str(tmp_path / "cache"))
+    assert tool(ci, "apply", cache=tmp_path / "cache").returncode == 0
+    old = {p.name: p.read_bytes() for p in (ci / "patches").glob("*.patch")}
+    _retime_all_patches(ci / ".rebase" / "work")
+    proc = subprocess.run([sys.executable, "-c", FALLBACK_KILL.format(repo=str(REPO_ROOT), root=str(ci))],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr
+    assert not (ci / "patches").exists()
+    proc = tool(ci, "list", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name: p.read_bytes() for p in (ci / "patches").glob("*.patch")} == old
+    proc = tool(ci, "export", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    new = {p.name: p.read_bytes() for p in (ci / "patches").glob("*.patch")}
+    assert set(new) == set(old) and all(new[n] != old[n] for n in old)
+    assert not [p.name for p in ci.iterdir() if p.name.startswith(".patches-export-")]

@@ -117,3 +117,36 @@ def test_a_pin_or_series_that_is_not_utf8_or_nested_too_deeply_is_a_clean_error(
     proc = tool(ci, "check", cache=tmp_path / "cache")
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_git_pin_naming_another_repository_is_refused_and_nothing_is_fetched(tmp_path, where):
+    """Issue 46, item 8: a committed git pin names the upstream repository only; another needs the
+    maintainer's FORK_REBASE_ALLOW_GIT_URL (the tests' own allow pytest's temporary folder)."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    sh("git", "init", "-q", "-b", "main", cwd=evil)
+    (evil / "megatron" / "core").mkdir(parents=True)
+    (evil / "megatron" / "core" / "package_info.py").write_text("MAJOR = 9\nMINOR = 9\nPATCH = 9\n")
+    sh("git", "add", "-A", cwd=evil)
+    sh("git", "commit", "-q", "-m", "evil", cwd=evil)
+    commit = sh("git", "rev-parse", "HEAD", cwd=evil).strip()
+    url = str(evil) if where == "local" else "https://evil.invalid/megatron.git"
+
+    def payload(pr):
+        (pr / "upstream.toml").write_text(f'[upstream]\nkind = "git"\nurl = "{url}"\ncommit = "{commit}"\n')
+        for patch in (pr / "patches").glob("*.patch"):
+            patch.unlink()
+        (pr / "patches" / "series").write_text("# no patches\n")
+
+    ci = pull_request(committed_fork(tmp_path), tmp_path, payload)
+    strict = {"FORK_REBASE_ALLOW_GIT_URL": ""}
+    for command in ("check", "apply"):
+        proc = tool(ci, command, cache=tmp_path / "cache", env=strict)
+        assert proc.returncode != 0
+        assert "is not the upstream repository" in proc.stderr and url in proc.stderr, proc.stderr
+        assert "FORK_REBASE_ALLOW_GIT_URL" in proc.stderr
+    assert not (ci / "megatron").exists()
+    assert not list((tmp_path / "cache").rglob("package_info.py")) if (tmp_path / "cache").exists() else True
+    proc = tool(ci, "apply", cache=tmp_path / "cache", env={"FORK_REBASE_ALLOW_GIT_URL": str(evil)})
+    assert (proc.returncode == 0) == (where == "local"), proc.stderr  # the maintainer's flag allows it

@@ -73,7 +73,14 @@ def _cmd_check(args, lay):
         print(f"check: {len(problems)} problem(s)", file=sys.stderr)
         return 1
     print("check: ok")
+    print(RECORDS_NOTE)
     return 0
+
+
+# What a passing check says about patches/proof.json and REBASE_REPORT.*, which are data.
+RECORDS_NOTE = ("check: the recorded proofs and report match this stack (its digest); they are files a pull "
+                "request can forge, digest included, so they prove nothing by themselves: CI re-proves "
+                "(python -m tools.rebase prove) to know")
 
 
 def _cmd_tree(args, lay):

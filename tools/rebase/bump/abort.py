@@ -23,6 +23,12 @@ class AbortPhase:
         # The backup is copied over the checkout and the work repo's config: only one made here counts.
         refuse_unmarked(jr.backup_dir(layout), BACKUP_MARKER, BACKUP_PURPOSE, f"Nothing was restored from "
                         f"it; remove {layout.rel(jr.bump_dir(layout))} and restore upstream.toml and patches/ with git.")
+        edited = jr.edited_during_bump(layout, j)
+        if edited:
+            shown = ", ".join(str(e) for e in edited[:8]) + (f" and {len(edited) - 8} more" if len(edited) > 8 else "")
+            raise RebaseError(f"bump --abort would overwrite changes made since the bump started: {shown}. "
+                              f"Copy them elsewhere and undo them here (git checkout / remove the new "
+                              f"files), then run bump --abort again; nothing was restored")
         jr.restore(layout)
         if (j is None or j.materialized) and not restore_package(layout, self.log):
             self._rematerialize()  # a backup made by an older version of the tool holds no copy

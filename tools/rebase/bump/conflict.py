@@ -24,6 +24,21 @@ class ConflictStop:
     """Mixin of ``Bump`` (uses ``work``, ``log``, ``hook``, ``j``, ``_save``, ``_record``,
     ``_record_recorded``, ``_absorbed_by``, ``_name_absorber`` and ``_lint_recorded``)."""
 
+    def _refuse_foreign_resolution(self, idx, ids):
+        """rerere matches a conflict by its text alone: a resolution filed under another patch's
+        Patch-Name (a pull request can file one anywhere) must not resolve this patch's conflict."""
+        name = self.j.names[idx]
+        lender = self._lender()
+        stores = [self.layout.resolutions] + ([lender.resolutions] if lender else [])
+        foreign = rr.foreign_ids(ids, self._edit_ids(name), stores)
+        if foreign:
+            shown = "; ".join(f"{rid} (recorded in {', '.join(where) or 'no resolutions folder'})"
+                              for rid, where in sorted(foreign.items()))
+            raise RebaseError(f"replaying {name}: its conflict was resolved by a recording that is not "
+                              f"{name}'s own: {shown}. A recorded resolution applies to the patch it is "
+                              f"filed under only; move it to resolutions/{name}/ if it is right, or remove "
+                              f"it, then `bump --abort` and bump again")
+
     def _at_stop(self, idx, output):
         """``git rebase`` stopped at patch ``idx``: commit a recorded resolution, record an absorbed
         patch, or stop at the conflict with its upstream causes. ``output`` None: no conflict, a
@@ -42,6 +57,8 @@ class ConflictStop:
             # (or the result is empty: already in the new base).
             if _staged_changes(work):
                 ids = rr.conflict_ids(work)
+                if output is not None:  # a conflict stop: its pick was the stretch's last, rerere's reuses are its own
+                    self._refuse_foreign_resolution(idx, sorted(set(ids) | set(rr.used_ids(work))))
                 j.picking = StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
                 self._save()  # a kill after the commit below must not pass it off as a clean replay
                 new = _commit_pick(work, commit, j.dates[idx])

@@ -81,10 +81,10 @@ class FinishPhase:
             patches = _export(layout, j.new_base, j.tip)
             self.hook("after-export")
             rr.prune(layout.resolutions, {p.name for p in patches})
-            from tools.rebase.proof.listing import BEGIN, update_readme
+            from tools.rebase.proof.listing import BEGIN, read_readme, update_readme
 
             readme = layout.readme
-            if readme.is_file() and BEGIN in readme.read_text():
+            if readme.is_file() and BEGIN in read_readme(readme):
                 update_readme(layout)  # the patch table names the base; keep check green
             git("update-ref", "--stdin", cwd=work,
                 input=f"update {LAST_OLD_REF} {j.old_tip}\nupdate {LAST_NEW_REF} {j.tip}\n")

@@ -23,6 +23,7 @@ from tools.rebase.git.gitcmd import git, git_proc, init_borrowing
 from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
 from tools.rebase.git.paths import Layout
 from tools.rebase.stack.state import read_state
+from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
 from tools.rebase.git.safefs import copy_entry, write_file
 
 SCHEMA = "fork-rebase-forecast/1"

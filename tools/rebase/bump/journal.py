@@ -23,7 +23,7 @@ from tools.rebase.git.gitcmd import git, git_proc, read_head
 from tools.rebase.git.owned import BACKUP_MARKER, BACKUP_PURPOSE, mark
 
 from tools.rebase.bump.journal_records import Backup, CorruptJournal, Journal, _build
-from tools.rebase.git.safefs import copy_entry, read_nofollow, write_file
+from tools.rebase.git.safefs import copy_entry, exchange, read_nofollow, write_file
 
 
 def bump_dir(layout) -> Path:
@@ -154,6 +154,43 @@ def _legacy_backup(layout):
     return None
 
 
+# What a bump writes in the checkout only once it is finishing (before, at a stop, it writes
+# recorded resolutions under patches/resolutions/ and its own state only).
+_WRITTEN_WHEN_FINISHING = ("upstream.toml", "patches", "REBASE_REPORT.md", "REBASE_REPORT.json", "README.md")
+
+
+def _tree_bytes(path: Path) -> dict:
+    """``{relative name: bytes or link target}`` of a file, link or folder ("" for the path itself)."""
+    if path.is_symlink():
+        return {"": "link:" + os.readlink(path)}
+    if path.is_file():
+        return {"": path.read_bytes()}
+    if not path.is_dir():
+        return {}
+    return {p.relative_to(path).as_posix(): ("link:" + os.readlink(p)) if p.is_symlink() else p.read_bytes()
+            for p in sorted(path.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+def edited_during_bump(layout, journal) -> list:
+    """Checkout paths that differ from the backup although the bump, in its journal's phase, has not
+    written them yet: edits made by hand while it was stopped, which a restore would lose. None
+    can be told apart once it is finishing (or when the journal is unreadable)."""
+    if journal is None or journal.phase == "finishing":
+        return []
+    backup, present, edited = backup_dir(layout), set(load_backup(layout).present), []
+    for name, live in _saved_paths(layout):
+        if name not in _WRITTEN_WHEN_FINISHING:
+            continue
+        before = _tree_bytes(backup / name) if name in present else {}
+        now = _tree_bytes(live)
+        if name == "patches":  # recorded resolutions are the bump's own while it is stopped
+            before, now = ({k: v for k, v in d.items() if not k.startswith("resolutions/")} for d in (before, now))
+        for rel in sorted(set(before) | set(now)):
+            if before.get(rel) != now.get(rel):
+                edited.append(layout.rel(live / rel) if rel else layout.rel(live))
+    return edited
+
+
 def restore(layout) -> None:
     """Put back the pin, patches/, report, state and the work repo exactly as before the bump
     (from the backup alone: the journal may be the thing that is damaged)."""
@@ -189,10 +226,28 @@ def restore(layout) -> None:
         _remove(staging)
         if name in present:
             _copy(backup / name, staging)
-            _remove(live)
-            os.replace(staging, live)
+            _swap_in(staging, live)
         else:
             _remove(live)
+
+
+def _swap_in(staging: Path, live: Path) -> None:
+    """Put ``staging`` at ``live`` so that a kill leaves one of the two whole at ``live``: files
+    and links by one rename, folders by one atomic exchange (the old one is removed after); where
+    the file system cannot exchange, the old folder is renamed aside first (``find_root`` still
+    finds the checkout by its backup, and the next ``bump --abort`` finishes)."""
+    aside = live.with_name(live.name + ".bump-old")
+    if live.is_dir() and not live.is_symlink() and staging.is_dir() and exchange(staging, live):
+        _remove(staging)  # now the old folder
+    elif live.is_dir() and not live.is_symlink():
+        _remove(aside)
+        os.rename(live, aside)
+        os.replace(staging, live)
+    else:
+        if staging.is_dir() and os.path.lexists(live):
+            _remove(live)  # a file or link where the folder goes
+        os.replace(staging, live)  # a file or a link (replaced itself, never followed), or nothing there
+    _remove(aside)  # this run's, or one a killed run left
 
 
 def finish(layout) -> None:

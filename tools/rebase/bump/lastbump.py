@@ -45,7 +45,7 @@ def _committed_report(lay) -> tuple:
         if not all(isinstance(data[side]["tip"], str) for side in ("old", "new")):
             raise TypeError("a tip is not a commit id")
         return data, bump_facts(data)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
         raise RebaseError(f"HEAD:{rel} is not a bump report ({exc.__class__.__name__}: {exc})") from None
 
 

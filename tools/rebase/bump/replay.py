@@ -25,6 +25,7 @@ class ReplayPhase:
         # date = author date so ids are reproducible); it stops at the first conflict.
         first = j.next
         upstream = j.commits[first - 1] if first else j.old_base
+        rr.used_ids(work)  # forget earlier reuses and recordings: a stop names only this stretch's
         limit = self._next_recorded_drop(first)  # the stretch ends before a patch the line drops
         proc = git_proc(*rr.RERERE_CONFIG, "rebase", "-q", "--onto", j.tip, "--reapply-cherry-picks",
                         "--empty=drop", "--committer-date-is-author-date", "--no-autosquash",

@@ -6,6 +6,7 @@ cache is local and expires. We keep a copy per patch in ``patches/resolutions/<P
 a bump, so the same conflict on any clone is resolved and staged without asking.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -38,8 +39,9 @@ def _refuse_links(path: Path) -> None:
         raise RebaseError(f"{path}: recorded resolutions must not be symlinks")
 
 
-def import_resolutions(store: Path, work: Path) -> int:
-    """Copy every recorded resolution in ``store`` into the work repo's rr-cache; return the count."""
+def import_resolutions(store: Path, work: Path, only=None) -> int:
+    """Copy every recorded resolution in ``store`` (only the folders of the Patch-Names in ``only``,
+    when given) into the work repo's rr-cache; return the count."""
     _refuse_links(store)
     if not store.is_dir():
         return 0
@@ -47,6 +49,8 @@ def import_resolutions(store: Path, work: Path) -> int:
     count = 0
     for patch_dir in sorted(p for p in store.iterdir() if p.is_dir() or p.is_symlink()):
         _refuse_links(patch_dir)
+        if only is not None and patch_dir.name not in only:
+            continue
         for entry in sorted(p for p in patch_dir.iterdir() if p.is_dir() or p.is_symlink()):
             _refuse_links(entry)
             _check_entry(patch_dir.name, entry.name, str(entry))
@@ -57,6 +61,7 @@ def import_resolutions(store: Path, work: Path) -> int:
             for image in _images(entry):
                 if not (target / image.name).exists():
                     copy_entry(cache, image, target / image.name)
+            unmark_used(target)
             count += 1
     return count
 
@@ -220,6 +225,40 @@ def paths_of_blobs(work: Path, ids, tree: str = None) -> dict:
         if blob in ids:
             found[path.decode()] = blob
     return found
+
+
+_UNUSED = 1  # the mtime an imported postimage gets; rerere sets it to now when it reuses the entry
+
+
+def unmark_used(entry: Path) -> None:
+    post = entry / "postimage"
+    if post.is_file() and not post.is_symlink():
+        os.utime(post, (_UNUSED, _UNUSED))
+
+
+def used_ids(work: Path) -> list:
+    """The rr-cache entries rerere reused since they were imported or last asked about (it touches
+    a postimage it applies), marked unused again: which recordings resolved the stop's conflicts."""
+    used = []
+    cache = rr_cache(work)
+    for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
+        post = entry / "postimage"
+        if post.is_file() and not post.is_symlink() and post.stat().st_mtime > _UNUSED:
+            used.append(entry.name)
+            unmark_used(entry)
+    return used
+
+
+def foreign_ids(ids, own: set, stores) -> dict:
+    """``{id: [folders holding it]}`` of the rerere ids in ``ids`` recorded for other patches only
+    (not among ``own``, the ids recorded for the patch being replayed)."""
+    out = {}
+    for rid in ids:
+        if rid in own:
+            continue
+        out[rid] = [str(folder / rid) for store in stores if store.is_dir()
+                    for folder in sorted(store.iterdir()) if (folder / rid).is_dir()]
+    return out
 
 
 def has_merge_edit(work: Path, blob: str) -> bool:

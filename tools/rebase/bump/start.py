@@ -77,7 +77,8 @@ class StartPhase:
         rr.reset_cache(self.work)
         loaded = rr.import_resolutions(self.layout.resolutions, self.work)
         if self.resolutions_from is not None:  # this line's own come first: rerere keeps the first copy
-            loaded += rr.import_resolutions(self.resolutions_from.resolutions, self.work)
+            # only the lender's folders of this stack's patches: its other recordings are not ours
+            loaded += rr.import_resolutions(self.resolutions_from.resolutions, self.work, only=set(self.j.names))
         self.j.new_base = new_base
         self.j.tip = new_base
         self._save()

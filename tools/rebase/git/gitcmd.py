@@ -119,9 +119,21 @@ def hermetic_env(extra=None):
     return env
 
 
+# Commands that could run a repository's own textconv or external diff program (its config and
+# attributes name them; `report --repo` reads a repository the tool did not make).
+_DIFFING = ("diff", "log", "show", "range-diff", "format-patch")
+
+
+def _command(args) -> list:
+    args = [str(a) for a in args]
+    if args and args[0] in _DIFFING:
+        args[1:1] = ["--no-textconv", "--no-ext-diff"]
+    return ["git", *_pinned_args(), *args]
+
+
 def git(*args, cwd, check=True, env=None, input=None, binary=False):
     """Run ``git args`` in ``cwd``; return stdout (str, or bytes when ``binary``)."""
-    cmd = ["git", *_pinned_args(), *[str(a) for a in args]]
+    cmd = _command(args)
     proc = subprocess.run(
         cmd,
         cwd=str(cwd),
@@ -136,7 +148,7 @@ def git(*args, cwd, check=True, env=None, input=None, binary=False):
 
 def git_proc(*args, cwd, env=None, input=None):
     """Run git and return the CompletedProcess without raising (stdout/stderr as text)."""
-    cmd = ["git", *_pinned_args(), *[str(a) for a in args]]
+    cmd = _command(args)
     return subprocess.run(
         cmd, cwd=str(cwd), env=hermetic_env({**_discovery_env(cwd), **(env or {})}), input=input,
         capture_output=True, text=True

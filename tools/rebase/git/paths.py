@@ -20,13 +20,24 @@ LINES_DIR = "lines"
 NO_REPOSITORY_ANSWERS = ("not a git repository", "detected dubious ownership")
 
 
+# Where export renames patches/ aside on a file system without an atomic exchange (stack/stack.py).
+EXPORT_ASIDE = ".{name}-export-old"
+
+
+def _mid_restore(candidate: Path) -> bool:
+    """A checkout whose ``patches/`` a killed ``bump --abort`` was putting back (without an atomic
+    exchange): its backup still holds the folder, so the next ``bump --abort`` can finish."""
+    return (candidate / STATE_DIR / "bump" / "backup" / "patches").is_dir()
+
+
 def find_root(start=None) -> Path:
     """Walk up from ``start`` (default: cwd) to the checkout root holding the pin file."""
     if start is not None and not Path(start).is_dir():
         raise RebaseError(f"-C {start}: no such directory")
     here = Path(start or os.getcwd()).resolve()
     for candidate in (here, *here.parents):
-        if (candidate / PIN_FILE).is_file() and (candidate / "patches").is_dir():
+        if (candidate / PIN_FILE).is_file() and ((candidate / "patches").is_dir() or _mid_restore(candidate)
+                                                  or (candidate / EXPORT_ASIDE.format(name="patches")).is_dir()):
             return candidate
     # Fall back to the checkout this tool was loaded from (e.g. `python -m` from elsewhere), but
     # never when a directory was named: that would act on another checkout than the one asked for.
@@ -141,6 +152,7 @@ class Layout:
         """A pull request can commit any of the tool's own paths as a symlink (``.gitignore`` does not
         stop a committed file): writing through one would land outside the checkout, reading through
         one would pull an outside file in. Refuse before anything is read or written."""
+        self._recover_interrupted_export()
         owned = (self.pin, self.patches, self.state_dir, self.package, self.report_md, self.report_json)
         if self.line is not None:
             self._refuse_line_escape()
@@ -153,6 +165,13 @@ class Layout:
                               f"and writes them in place); replace them with real files or folders")
         self.refuse_tracked()
         self.refuse_foreign_work_repo()
+
+    def _recover_interrupted_export(self) -> None:
+        """Without an atomic exchange, export renames patches/ aside and then the new folder in: a
+        kill between leaves only the aside copy, which is put back (the old series, whole)."""
+        aside = self.patches.with_name(EXPORT_ASIDE.format(name=self.patches.name))
+        if not os.path.lexists(self.patches) and aside.is_dir() and not aside.is_symlink():
+            os.rename(aside, self.patches)
 
     def refuse_foreign_work_repo(self) -> None:
         """The work repo must be one the tool created here (``git/owned.py``): one a checkout

@@ -141,8 +141,12 @@ def extract_tar(tar, dest: Path) -> None:
 
 
 def read_nofollow(path: Path) -> bytes:
-    fd = open_nofollow(path, os.O_RDONLY)
+    """The bytes of the regular file ``path``: a link is an error, and so is a FIFO, device or
+    folder (opened without blocking, so a FIFO a checkout carries cannot hang the tool)."""
+    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise RebaseError(f"{path}: not a regular file; the tool reads only plain files there")
         return fh.read()
 
 

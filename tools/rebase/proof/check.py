@@ -203,7 +203,12 @@ def check(layout, log=print, strict_records: bool = False) -> list:
     from tools.rebase.proof.listing import readme_is_stale
 
     problems += check_records(layout, log, strict_records)
-    if readme_is_stale(layout):
+    try:
+        stale_readme = readme_is_stale(layout)
+    except RebaseError as exc:  # markers duplicated or out of order: `list --update-readme` refuses too
+        problems.append(str(exc))
+        stale_readme = False
+    if stale_readme:
         problems.append(f"{layout.rel(layout.readme)}: the patch table is stale; run python -m tools.rebase "
                         f"list --update-readme{layout.line_flag}")
     return problems

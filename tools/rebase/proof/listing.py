@@ -4,6 +4,8 @@ One short row per patch, so the table fits a first visit's README: the Upstream-
 without its reason, and the proof as ``N/M`` (N of the patch's M ``Tests:`` ids fail without it);
 the reason and the test ids are in the patch file itself (``patches/NNNN-name.patch``)."""
 
+from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import read_nofollow, write_file
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import load_stack
 
@@ -54,31 +56,55 @@ def patch_table(layout) -> str:
     return "\n".join(rows) + "\n"
 
 
+def read_readme(readme) -> str:
+    """README.md's text, never read through a link (a committed link would make the tool read,
+    and rewrite, a file outside the checkout)."""
+    if readme.is_symlink():
+        raise RebaseError(f"{readme}: is a symlink; README.md must be a plain file of the checkout")
+    try:
+        return read_nofollow(readme).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RebaseError(f"{readme}: not UTF-8 ({exc})") from None
+
+
+def table_span(readme, text: str):
+    """``(head, table, tail)`` around the markers, or None without them. Each marker must appear
+    once, the begin marker first: otherwise replacing the table would delete the README's text."""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if begins == 0 and ends == 0:
+        return None
+    if begins != 1 or ends != 1:
+        raise RebaseError(f"{readme}: the patch-table markers must appear once each (begin {begins} times, "
+                          f"end {ends} times); fix them by hand, nothing was changed")
+    head, _, rest = text.partition(BEGIN)
+    if END not in rest:
+        line = text[:text.index(END)].count("\n") + 1
+        raise RebaseError(f"{readme}:{line}: the patch-table end marker comes before the begin marker; "
+                          f"fix them by hand, nothing was changed")
+    table, _, tail = rest.partition(END)
+    return head, table, tail
+
+
 def readme_is_stale(layout) -> bool:
     """True when README.md carries the table markers and its table differs from the series."""
     readme = layout.readme
-    if not readme.is_file():
+    if not readme.is_file() and not readme.is_symlink():
         return False
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        return False
-    current = text.partition(BEGIN)[2].partition(END)[0]
-    return current != "\n" + patch_table(layout)
+    span = table_span(readme, read_readme(readme))
+    return span is not None and span[1] != "\n" + patch_table(layout)
 
 
 def update_readme(layout) -> bool:
     readme = layout.readme
     if layout.line is not None and not readme.is_file():
         return False  # a line's own README (with the table markers) is optional
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
+    text = read_readme(readme)
+    span = table_span(readme, text)
+    if span is None:
         raise SystemExit(f"{readme}: add the markers {BEGIN!r} and {END!r} where the table goes")
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
+    head, _, tail = span
     new = f"{head}{BEGIN}\n{patch_table(layout)}{END}{tail}"
     if new != text:
-        from tools.rebase.git.safefs import write_file
-
         write_file(layout.root, readme, new)  # a committed README link is replaced, not written through
         return True
     return False

@@ -228,6 +228,8 @@ def load_equivalents(text: str, where: str = "patches/mutants-equivalent.toml") 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid TOML: nested too deeply") from None
     out = {}
     for index, entry in enumerate(data.get("equivalent", [])):
         if not isinstance(entry, dict):

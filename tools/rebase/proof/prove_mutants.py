@@ -38,7 +38,7 @@ from tools.rebase.proof.prove import (
 from tools.rebase.proof.record import proof_path, stack_digest_now
 from tools.rebase.stack.series import load_stack
 from tools.rebase.proof.testids import missing_test
-from tools.rebase.git.safefs import write_file
+from tools.rebase.git.safefs import read_nofollow, write_file
 
 EQUIVALENTS_FILE = "mutants-equivalent.toml"
 
@@ -65,7 +65,13 @@ class MutantScore:
 
 def _equivalents(layout) -> dict:
     path = layout.patches / EQUIVALENTS_FILE
-    return load_equivalents(path.read_text(), f"patches/{EQUIVALENTS_FILE}") if path.is_file() else {}
+    if not path.is_file() and not path.is_symlink():
+        return {}
+    try:
+        text = read_nofollow(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"patches/{EQUIVALENTS_FILE}: not UTF-8 ({exc})") from None
+    return load_equivalents(text, f"patches/{EQUIVALENTS_FILE}")
 
 
 def _outcome(outcomes: dict) -> str:
@@ -228,7 +234,11 @@ def write_mutant_record(layout, scores: list, count: int, seed: int, proved_dige
     if stack_digest_now(layout) != proved_digest:
         raise RebaseError("patches/ or the pin changed while the mutants ran; nothing was recorded")
     path = proof_path(layout)
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        data = json.loads(read_nofollow(path).decode("utf-8")) if path.is_file() else {}
+    except (ValueError, RecursionError) as exc:
+        raise RebaseError(f"patches/proof.json: not a proof record ({exc.__class__.__name__}: {str(exc)[:200]}); "
+                          f"nothing was recorded") from None
     prefixes = prefix_digests(layout)
     previous = data.get("mutants", {}).get("patches", {})
     entries = {name: entry for name, entry in previous.items()
@@ -251,9 +261,9 @@ def mutant_record_findings(layout):
     if not path.is_file():
         return None, None
     try:
-        record = json.loads(path.read_text()).get("mutants")
-    except (ValueError, AttributeError) as exc:
-        return f"patches/proof.json: not a proof record ({exc})", None
+        record = json.loads(read_nofollow(path).decode("utf-8")).get("mutants")
+    except (ValueError, AttributeError, RecursionError) as exc:
+        return f"patches/proof.json: not a proof record ({exc.__class__.__name__}: {str(exc)[:200]})", None
     if record is None:
         return None, None
     entries = record.get("patches") if isinstance(record, dict) else None

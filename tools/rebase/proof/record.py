@@ -1,12 +1,14 @@
 """``patches/proof.json``: the committed record of ``prove --record`` -- one verdict per patch and
 the digest of the stack they were proven on, so ``check`` and the README's Proof column can tell a
-current record from a stale or forged one without re-running anything."""
+current record from a stale one without re-running anything. It is data: a pull request can
+forge a "proven" record and recompute the digest, so it vouches for nothing CI has not re-proven."""
 
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.stack.series import load_stack
 from tools.rebase.stack.state import current_digest
 
@@ -71,13 +73,13 @@ def _load(layout):
         return {}, None, None
     where = layout.rel(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_nofollow(path).decode("utf-8"))
         if isinstance(data, dict) and set(data) == {"mutants"}:
             return {}, None, None  # mutant scores recorded before any prove --record: no verdicts yet
         digest = data["stack_digest"]
         verdicts = {entry["name"]: entry for entry in data["patches"]}
-    except (ValueError, KeyError, TypeError) as exc:
-        return {}, None, f"{where}: not a proof record ({exc.__class__.__name__}: {exc})"
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return {}, None, f"{where}: not a proof record ({exc.__class__.__name__}: {str(exc)[:200]})"
     if not isinstance(digest, str):
         return {}, None, f"{where}: stack_digest {digest!r} is not a string"
     for entry in data["patches"]:

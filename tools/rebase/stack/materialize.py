@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.safefs import copy_entry, write_file
+from tools.rebase.git.safefs import copy_entry, read_nofollow, write_file
 
 PACKAGE_DIR = "megatron"
 MANIFEST = ".fork-manifest.json"
@@ -26,9 +26,11 @@ def upstream_version(package_info: Path) -> str:
     """Read MAJOR/MINOR/PATCH/PRE_RELEASE literals from upstream's package_info.py."""
     values = {}
     try:
-        tree = ast.parse(package_info.read_text())
+        tree = ast.parse(read_nofollow(package_info).decode("utf-8"))  # a link in a hostile upstream is refused
     except SyntaxError as exc:
         raise RebaseError(f"{package_info}: does not parse ({exc.msg}, line {exc.lineno})") from None
+    except UnicodeDecodeError as exc:
+        raise RebaseError(f"{package_info}: not UTF-8 ({exc})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]

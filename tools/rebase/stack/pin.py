@@ -12,6 +12,11 @@ from tools.rebase.errors import RebaseError
 PACKAGE = "megatron-core"
 # Set by a maintainer (never read from the checkout): other package names a pin may name.
 ALLOW_PACKAGE_ENV = "FORK_REBASE_ALLOW_PACKAGE"
+# The upstream repository a committed git pin may name; ``FORK_REBASE_ALLOW_GIT_URL=URL[,URL]`` in
+# the environment (never the checkout) lets a maintainer add others (an entry ending in "/" allows
+# every URL or path below it).
+UPSTREAM_GIT_URLS = ("https://github.com/NVIDIA/Megatron-LM.git", "https://github.com/NVIDIA/Megatron-LM")
+ALLOW_GIT_URL_ENV = "FORK_REBASE_ALLOW_GIT_URL"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _PYPI_SPEC = re.compile(r"^pypi:(?P<package>[A-Za-z0-9._-]+)==(?P<version>[A-Za-z0-9.+!_-]+)$")
@@ -74,6 +79,17 @@ def allowed_package(name: str, where: str) -> str:
     return name
 
 
+def allowed_git_url(url: str, where: str) -> str:
+    """A committed git pin names the upstream repository: a pull request that points it at another
+    repository (with that repository's own commit id) must not make CI fetch and build from it."""
+    extra = [u.strip() for u in os.environ.get(ALLOW_GIT_URL_ENV, "").split(",") if u.strip()]
+    if url in UPSTREAM_GIT_URLS or url in extra or any(e.endswith("/") and url.startswith(e) for e in extra):
+        return url
+    raise RebaseError(f"{where}: url {url!r} is not the upstream repository ({UPSTREAM_GIT_URLS[0]}); a git pin "
+                      f"names that one only (a maintainer may allow another with {ALLOW_GIT_URL_ENV}={url} "
+                      f"in the environment, or keep the upstream URL in the pin and pass --mirror PATH)")
+
+
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -121,8 +137,9 @@ def pin_from_table(table: dict, where: str) -> Pin:
                 f"{where}: commit must be a full 40-hex commit id, got {commit!r}"
             )
         ref = table.get("ref", "")
-        return Pin("git", url=names.pinned_git_url(table["url"], where), commit=commit,
-                   ref=names.git_ref(ref, where) if ref != "" else "")
+        ref = names.git_ref(ref, where) if ref != "" else ""  # every field is checked before the URL is judged
+        url = allowed_git_url(names.pinned_git_url(table["url"], where), where)
+        return Pin("git", url=url, commit=commit, ref=ref)
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
 

@@ -17,6 +17,7 @@ from tools.rebase.git import prefetch
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, is_full_id, rev_parse
 from tools.rebase.stack.series import SLUG, parse_trailers
+from tools.rebase.git.paths import EXPORT_ASIDE
 from tools.rebase.git.safefs import copy_entry, create_new
 
 MBOX_FROM = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
@@ -264,10 +265,10 @@ def write_patch_dir(patches_dir: Path, files: list, series_text: str) -> bool:
             create_new(staged, staged / name, data)
         os.chmod(staged, patches_dir.stat().st_mode & 0o7777)
         if not exchange(staged, patches_dir):  # no atomic exchange here: two renames
-            old = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-            os.rename(patches_dir, old / patches_dir.name)
+            aside = parent / EXPORT_ASIDE.format(name=patches_dir.name)  # a kill between: Layout puts it back
+            os.rename(patches_dir, aside)
             os.rename(staged, patches_dir)
-            staged = old
+            staged = aside
     finally:
         shutil.rmtree(staged, ignore_errors=True)  # after the switch it holds the old folder
     return True
