@@ -27,7 +27,7 @@ def test_a_row_carries_the_status_keyword_and_the_proof_count_not_the_reason(for
     patch = _stack(fork)
     table = patch_table(fork.layout)
     row = next(line for line in table.splitlines() if "`alpha-seven`" in line)
-    assert row.split(" | ")[3] == "fork-only"
+    assert row.split(" | ")[2] == "fork-only"
     assert "long reason" not in table and "tests/test_a.py" not in table
     assert row.endswith("| not recorded |")
     _, patches = load_stack(fork.layout)
@@ -44,7 +44,7 @@ def test_submitted_and_accepted_keep_their_reference(fork):
     patch.write_text(patch.read_text().replace(f"Upstream-Status: fork-only {REASON}",
                                                "Upstream-Status: accepted 0123abcd"))
     row = next(line for line in patch_table(fork.layout).splitlines() if "`alpha-seven`" in line)
-    assert row.split(" | ")[3] == "accepted 0123abcd"
+    assert row.split(" | ")[2] == "accepted 0123abcd"
 
 
 def test_update_readme_writes_the_short_table_between_the_markers(fork):
@@ -54,5 +54,5 @@ def test_update_readme_writes_the_short_table_between_the_markers(fork):
     assert update_readme(fork.layout) is True
     text = readme.read_text()
     assert text.startswith("# fork\n\nbefore\n\n") and text.endswith(f"{END}\n\nafter\n")
-    assert "| # | Patch | What it does | Upstream | Proof |" in text
+    assert "| # | Patch | Upstream | Proof |" in text
     assert update_readme(fork.layout) is False  # current: nothing written

@@ -1,8 +1,10 @@
 """``list``: the patch table for the README, generated from the series.
 
-One short row per patch, so the table fits a first visit's README: the Upstream-Status keyword
-without its reason, and the proof as ``N/M`` (N of the patch's M ``Tests:`` ids fail without it);
-the reason and the test ids are in the patch file itself (``patches/NNNN-name.patch``)."""
+One short row per patch, so the table fits a first visit's README as the series grows: the patch
+name (what each does is the README's feature table and the patch's own subject), the
+Upstream-Status keyword without its reason, and the proof as ``N/M`` (N of the patch's M ``Tests:``
+ids fail without it); subject, reason and test ids are in the patch file
+(``patches/NNNN-name.patch``)."""
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.safefs import read_nofollow, write_file
@@ -44,13 +46,13 @@ def patch_table(layout) -> str:
     proofs = recorded_verdicts(layout)
     rows = [
         f"Base: `{pin.display}`\n",
-        "| # | Patch | What it does | Upstream | Proof |",
-        "|---|---|---|---|---|",
+        "| # | Patch | Upstream | Proof |",
+        "|---|---|---|---|",
     ]
     for number, patch in enumerate(patches, start=1):
         rows.append(
-            f"| {number:04d} | `{patch.name}` | {_cell(patch.subject)} | "
-            f"{_cell(_status_cell(patch.upstream_status))} | {_proof_cell(proofs.get(patch.name))} |"
+            f"| {number:04d} | `{patch.name}` | {_cell(_status_cell(patch.upstream_status))} | "
+            f"{_proof_cell(proofs.get(patch.name))} |"
         )
     rows += ["", LEGEND]
     return "\n".join(rows) + "\n"
