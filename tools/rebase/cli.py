@@ -78,8 +78,8 @@ def _cmd_check(args, lay):
 
 
 # What a passing check says about patches/proof.json and REBASE_REPORT.*, which are data.
-RECORDS_NOTE = ("check: the recorded proofs and report match this stack (its digest); they are files a pull "
-                "request can forge, digest included, so they prove nothing by themselves: CI re-proves "
+RECORDS_NOTE = ("check: a recorded proof or report that matches this stack (its digest) is a file a pull "
+                "request can forge, digest included, so it proves nothing by itself: CI re-proves "
                 "(python -m tools.rebase prove) to know")
 
 
