@@ -12,21 +12,11 @@ float64 reference, beside dev's native path's own difference (the bound the fork
 
 import argparse
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def _timed(fn, reps):
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+from bench.mhc_kernels import gpu_ms  # noqa: E402
 
 
 def _err(a, ref):
@@ -53,7 +43,7 @@ def proj_case(dk, fk, T, n, C, reps):
     rows = {}
     for name, fn in (("dev native", dk._torch_proj_rms_compute_h), ("fork triton", fk.proj_rms_compute_h)):
         got = run(fn)
-        rows[name] = (_timed(lambda: run(fn), reps), max(_err(a, r) for a, r in zip(got, ref)))
+        rows[name] = (gpu_ms(lambda: run(fn), reps), max(_err(a, r) for a, r in zip(got, ref)))
     return rows
 
 
@@ -68,7 +58,7 @@ def aggregate_case(dk, fk, T, n, C, reps):
     rows = {}
     for name, fn in (("dev native", dk._torch_h_aggregate_bwd), ("fork triton", fk.h_aggregate_backward)):
         got = fn(go, x, h)
-        rows[name] = (_timed(lambda: fn(go, x, h), reps), max(_err(a, r) for a, r in zip(got, ref)))
+        rows[name] = (gpu_ms(lambda: fn(go, x, h), reps), max(_err(a, r) for a, r in zip(got, ref)))
     return rows
 
 
