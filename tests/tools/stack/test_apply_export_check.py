@@ -307,7 +307,7 @@ def test_check_catches_stale_readme_table(fork):
     ]
     assert update_readme(fork.layout)
     text = readme.read_text()
-    assert "| 0002 | `beta-extra` | [core] beta: add an extra constant | fork-only | not recorded |" in text
+    assert "| 0002 | `beta-extra` | fork-only | not recorded |" in text
     assert text.endswith(f"{END}\n\nmore\n")
     assert check(fork.layout, log=quiet) == []
 

@@ -183,8 +183,9 @@ def edited_during_bump(layout, journal) -> list:
             continue
         before = _tree_bytes(backup / name) if name in present else {}
         now = _tree_bytes(live)
-        if name == "patches":  # recorded resolutions are the bump's own while it is stopped
-            before, now = ({k: v for k, v in d.items() if not k.startswith("resolutions/")} for d in (before, now))
+        if name == "patches":  # recorded resolutions and drops are the bump's own while it is stopped
+            before, now = ({k: v for k, v in d.items() if not k.startswith("resolutions/") and k != "dropped"}
+                           for d in (before, now))
         for rel in sorted(set(before) | set(now)):
             if before.get(rel) != now.get(rel):
                 edited.append(layout.rel(live / rel) if rel else layout.rel(live))

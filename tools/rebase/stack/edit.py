@@ -10,11 +10,12 @@ the edits where they were made.
 """
 
 import os
-import shutil
+import stat
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, head_commit, is_clean
 from tools.rebase.git.lock import locked
+from tools.rebase.git.safefs import read_nofollow, write_file
 from tools.rebase.stack.materialize import MANIFEST, STAMP_MARK, VERSION_FILE, local_edits
 from tools.rebase.stack.series import load_stack, parse_trailers
 from tools.rebase.stack.stack import chain_log, select
@@ -111,14 +112,13 @@ def _copy_edits(layout, edits: list) -> None:
             if dest.is_file():
                 dest.unlink()
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if path == VERSION_FILE.as_posix() and dest.is_file():
-            text, original = source.read_text(), dest.read_text()
+            text, original = read_nofollow(source).decode(), read_nofollow(dest).decode()
             stamp = text.find(f"\n\n{STAMP_MARK}")
             kept = text[:stamp] if stamp >= 0 else text
-            dest.write_text(kept.rstrip("\n") + original[len(original.rstrip("\n")):])
+            write_file(layout.work, dest, kept.rstrip("\n") + original[len(original.rstrip("\n")):])
         elif path != MANIFEST:
-            shutil.copyfile(source, dest)
+            write_file(layout.work, dest, read_nofollow(source), stat.S_IMODE(os.lstat(source).st_mode))
 
 
 def _fold(work, head: str, target: str, shown: str, from_tree: bool) -> None:
