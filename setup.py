@@ -119,9 +119,7 @@ class BuildPy(build_py):
         return outfile, copied
 
 
-# An unpacked sdist carries the setup.cfg setuptools itself wrote into it (its egg_info tags).
-if not building_from_sdist():
-    refuse_setuptools_inputs()
+refuse_setuptools_inputs()
 materialize()
 
 setup(
