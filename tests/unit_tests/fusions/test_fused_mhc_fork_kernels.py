@@ -1,11 +1,14 @@
 """The fork's Triton kernel as upstream dev's mHC aggregation backward (upstream-dev line only).
 
 On the upstream-dev line, ``mhc-fused-kernels`` gives dev's ``use_fused_mhc`` path a Triton
-backward of ``u = sum_j H_pre[j] x_j`` where dev has only native torch (no working cuTile). These
+backward of ``u = sum_j H_pre[j] x_j`` where dev has only native torch (no working cuTile), in
+``megatron/core/transformer/hyper_connection_fused.py`` (on this line only that kernel). These
 tests hold it to dev's own native function, which is its reference: on CPU in Triton's
 interpreter, on a GPU through dev's public fused op and through a whole HyperConnectionModule.
 The release and upstream-main lines have no dev fused module: the file skips there.
 """
+
+import types
 
 import pytest
 import torch
@@ -26,9 +29,9 @@ FWD_TOL, BWD_TOL = 2e-2, 5e-2
 
 
 def _fork_kernels():
-    from megatron.core.fusions import fused_mhc_fork_kernels
+    from megatron.core.transformer import hyper_connection_fused
 
-    return fused_mhc_fork_kernels
+    return hyper_connection_fused
 
 
 def _streams(s, b, n, C, dtype, device, seed):
@@ -54,13 +57,24 @@ class TestBackendSelection:
         message, _ = dev_kernels._mhc_backend_status()
         assert "bwd:native" in message, message
 
+    def test_kernel_takes_cuda_tensors_of_activation_dtypes_only(self):
+        """Dev's backward on CPU tensors (or float64, or integers) must stay native."""
+        fk = _fork_kernels()
+        assert not fk.usable(torch.zeros(2, 4, dtype=torch.bfloat16))
+        if not fk.available():
+            return
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            assert fk.usable(types.SimpleNamespace(is_cuda=True, dtype=dtype)), dtype
+        for dtype in (torch.float64, torch.int32):
+            assert not fk.usable(types.SimpleNamespace(is_cuda=True, dtype=dtype)), dtype
+
 
 @pytest.mark.triton_interpreter_child
 class TestAggregateBackwardInterpreter:
     """Runs only under TRITON_INTERPRET=1 (test_interpreter_suite_in_subprocess starts it)."""
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("shape", [(5, 3, 4, 64), (7, 1, 4, 40), (3, 2, 2, 96)])
+    @pytest.mark.parametrize("shape", [(5, 3, 4, 64), (7, 1, 4, 40), (3, 2, 2, 96), (3, 1, 3, 300)])
     def test_matches_dev_native_backward(self, dtype, shape):
         x, h_pre, grad = _streams(*shape, dtype, "cpu", seed=sum(shape))
         gx, gh = _fork_kernels().h_aggregate_backward(grad, x, h_pre)
