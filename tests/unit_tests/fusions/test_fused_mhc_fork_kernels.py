@@ -87,6 +87,28 @@ class TestAggregateBackwardInterpreter:
         # dH_pre is a reduction over C in fp32 on both sides.
         torch.testing.assert_close(gh.float(), rh.float(), atol=1e-4, rtol=1e-4 if dtype == torch.float32 else 1e-2)
 
+    @pytest.mark.parametrize("into", [False, True])
+    def test_dev_fused_ops_run_it_in_their_backward(self, monkeypatch, into):
+        """dev's FusedHAggregate and FusedHAggregateInto backwards call the kernel (the forward on
+        dev's native path; ``usable`` widened to CPU tensors, which the interpreter runs)."""
+        fk = _fork_kernels()
+        calls, real = [], fk.h_aggregate_backward
+        monkeypatch.setattr(fk, "h_aggregate_backward", lambda *a: calls.append(1) or real(*a))
+        monkeypatch.setattr(fk, "usable", lambda x: True)
+        monkeypatch.setattr(dev_kernels, "_get_triton_h_aggregate_fwd", lambda: None)
+        monkeypatch.setattr(dev_kernels, "_TRITON_AVAILABLE", True)
+        x, h_pre, grad = _streams(6, 2, 4, 48, torch.bfloat16, "cpu", seed=11)
+        xf, hf = x.clone().requires_grad_(True), h_pre.clone().requires_grad_(True)
+        if into:
+            out = torch.empty(6, 2, 48, dtype=x.dtype)
+            dev_kernels.fused_h_aggregate_into(xf, hf, out).backward(grad)
+        else:
+            dev_kernels.fused_h_aggregate(xf, hf).backward(grad)
+        assert calls == [1], "dev's fused aggregation backward did not run the fork's kernel"
+        rx, rh = dev_kernels._torch_h_aggregate_bwd(grad, x, h_pre)
+        torch.testing.assert_close(xf.grad, rx, atol=BWD_TOL, rtol=BWD_TOL)
+        torch.testing.assert_close(hf.grad, rh, atol=BWD_TOL, rtol=BWD_TOL)
+
 
 @interpreter_parent
 def test_interpreter_suite_in_subprocess():
