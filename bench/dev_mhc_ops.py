@@ -2,8 +2,10 @@
 
 On a host without a working cuTile (no ``tileiras``, as on our H200s) dev's ``use_fused_mhc``
 path runs ``proj_rms_compute_h`` and the aggregation backward in native torch. The upstream-dev
-line's ``mhc-fused-kernels`` patch runs the fork's Triton kernels there instead
-(``megatron/core/fusions/fused_mhc_fork_kernels.py``). For each op this prints the time of
+line's ``mhc-fused-kernels`` patch runs the fork's Triton aggregation backward there instead
+(``megatron/core/transformer/hyper_connection_fused.py``; the line does not carry the fork's
+projection kernel, so that op's fork row is printed only for a tree that has one as
+``proj_rms_compute_h``). For each op this prints the time of
 forward + backward on both paths and the largest difference of every output and gradient from a
 float64 reference, beside dev's native path's own difference (the bound the fork's must meet).
 
@@ -41,7 +43,10 @@ def proj_case(dk, fk, T, n, C, reps):
 
     ref = [t.double() for t in run(dk._torch_proj_rms_compute_h, torch.float64)]
     rows = {}
-    for name, fn in (("dev native", dk._torch_proj_rms_compute_h), ("fork triton", fk.proj_rms_compute_h)):
+    paths = [("dev native", dk._torch_proj_rms_compute_h)]
+    if hasattr(fk, "proj_rms_compute_h"):
+        paths.append(("fork triton", fk.proj_rms_compute_h))
+    for name, fn in paths:
         got = run(fn)
         rows[name] = (gpu_ms(lambda: run(fn), reps), max(_err(a, r) for a, r in zip(got, ref)))
     return rows
@@ -75,7 +80,7 @@ def main():
 
     if not torch.cuda.is_available():
         raise SystemExit("dev_mhc_ops: needs a CUDA device (the kernels are Triton)")
-    from megatron.core.fusions import fused_mhc_fork_kernels as fk
+    from megatron.core.transformer import hyper_connection_fused as fk
     from megatron.core.fusions import fused_mhc_kernels as dk
 
     print(f"{'op':<26}{'hidden':>7}{'path':>13}{'fwd+bwd ms':>12}{'max |err| vs fp64':>20}")

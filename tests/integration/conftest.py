@@ -8,6 +8,7 @@ import pytest
 from megatron.core import cpu_harness
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.tensor_parallel.random import CheckpointFunction
+from megatron.core.transformer.moe import router as router_module
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
@@ -21,6 +22,8 @@ PATCHED_BY_CLIENTS = [
     (TopKRouter, "__init__"),
     (TopKRouter, "routing"),
     (TopKRouter, "_router_replay_patched"),
+    (TopKRouter, "_hash_routing"),  # verl on a base with dev's hash router (upstream-dev line)
+    (router_module, "RouterReplay"),  # the same: verl swaps the router module's RouterReplay
     (TransformerConfig, "__init__"),
     (TransformerConfig, "_verl_router_patched"),
     (MoEAlltoAllTokenDispatcher, "preprocess"),

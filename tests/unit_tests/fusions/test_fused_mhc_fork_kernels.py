@@ -1,11 +1,14 @@
 """The fork's Triton kernel as upstream dev's mHC aggregation backward (upstream-dev line only).
 
 On the upstream-dev line, ``mhc-fused-kernels`` gives dev's ``use_fused_mhc`` path a Triton
-backward of ``u = sum_j H_pre[j] x_j`` where dev has only native torch (no working cuTile). These
+backward of ``u = sum_j H_pre[j] x_j`` where dev has only native torch (no working cuTile), in
+``megatron/core/transformer/hyper_connection_fused.py`` (on this line only that kernel). These
 tests hold it to dev's own native function, which is its reference: on CPU in Triton's
 interpreter, on a GPU through dev's public fused op and through a whole HyperConnectionModule.
 The release and upstream-main lines have no dev fused module: the file skips there.
 """
+
+import types
 
 import pytest
 import torch
@@ -26,9 +29,9 @@ FWD_TOL, BWD_TOL = 2e-2, 5e-2
 
 
 def _fork_kernels():
-    from megatron.core.fusions import fused_mhc_fork_kernels
+    from megatron.core.transformer import hyper_connection_fused
 
-    return fused_mhc_fork_kernels
+    return hyper_connection_fused
 
 
 def _streams(s, b, n, C, dtype, device, seed):
@@ -54,13 +57,24 @@ class TestBackendSelection:
         message, _ = dev_kernels._mhc_backend_status()
         assert "bwd:native" in message, message
 
+    def test_kernel_takes_cuda_tensors_of_activation_dtypes_only(self):
+        """Dev's backward on CPU tensors (or float64, or integers) must stay native."""
+        fk = _fork_kernels()
+        assert not fk.usable(torch.zeros(2, 4, dtype=torch.bfloat16))
+        if not fk.available():
+            return
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            assert fk.usable(types.SimpleNamespace(is_cuda=True, dtype=dtype)), dtype
+        for dtype in (torch.float64, torch.int32):
+            assert not fk.usable(types.SimpleNamespace(is_cuda=True, dtype=dtype)), dtype
+
 
 @pytest.mark.triton_interpreter_child
 class TestAggregateBackwardInterpreter:
     """Runs only under TRITON_INTERPRET=1 (test_interpreter_suite_in_subprocess starts it)."""
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("shape", [(5, 3, 4, 64), (7, 1, 4, 40), (3, 2, 2, 96)])
+    @pytest.mark.parametrize("shape", [(5, 3, 4, 64), (7, 1, 4, 40), (3, 2, 2, 96), (3, 1, 3, 300)])
     def test_matches_dev_native_backward(self, dtype, shape):
         x, h_pre, grad = _streams(*shape, dtype, "cpu", seed=sum(shape))
         gx, gh = _fork_kernels().h_aggregate_backward(grad, x, h_pre)
@@ -72,6 +86,28 @@ class TestAggregateBackwardInterpreter:
         torch.testing.assert_close(gx.float(), rx.float(), atol=tol * gx.float().abs().max().item(), rtol=tol)
         # dH_pre is a reduction over C in fp32 on both sides.
         torch.testing.assert_close(gh.float(), rh.float(), atol=1e-4, rtol=1e-4 if dtype == torch.float32 else 1e-2)
+
+    @pytest.mark.parametrize("into", [False, True])
+    def test_dev_fused_ops_run_it_in_their_backward(self, monkeypatch, into):
+        """dev's FusedHAggregate and FusedHAggregateInto backwards call the kernel (the forward on
+        dev's native path; ``usable`` widened to CPU tensors, which the interpreter runs)."""
+        fk = _fork_kernels()
+        calls, real = [], fk.h_aggregate_backward
+        monkeypatch.setattr(fk, "h_aggregate_backward", lambda *a: calls.append(1) or real(*a))
+        monkeypatch.setattr(fk, "usable", lambda x: True)
+        monkeypatch.setattr(dev_kernels, "_get_triton_h_aggregate_fwd", lambda: None)
+        monkeypatch.setattr(dev_kernels, "_TRITON_AVAILABLE", True)
+        x, h_pre, grad = _streams(6, 2, 4, 48, torch.bfloat16, "cpu", seed=11)
+        xf, hf = x.clone().requires_grad_(True), h_pre.clone().requires_grad_(True)
+        if into:
+            out = torch.empty(6, 2, 48, dtype=x.dtype)
+            dev_kernels.fused_h_aggregate_into(xf, hf, out).backward(grad)
+        else:
+            dev_kernels.fused_h_aggregate(xf, hf).backward(grad)
+        assert calls == [1], "dev's fused aggregation backward did not run the fork's kernel"
+        rx, rh = dev_kernels._torch_h_aggregate_bwd(grad, x, h_pre)
+        torch.testing.assert_close(xf.grad, rx, atol=BWD_TOL, rtol=BWD_TOL)
+        torch.testing.assert_close(hf.grad, rh, atol=BWD_TOL, rtol=BWD_TOL)
 
 
 @interpreter_parent

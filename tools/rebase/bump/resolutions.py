@@ -277,6 +277,18 @@ def edits_outside_the_merge(work: Path, parent: str, commit: str, known) -> dict
             and (blob := _blob_at(work, parent, path))}
 
 
+def unrecordable_stop_edits(work: Path, parent: str, commit: str, merged, conflicted=()) -> list:
+    """The paths a stop's resolution ``commit`` changes that no recorded edit can give back: a file
+    in neither ``parent`` nor the patch's merge (``merged``: cleanly merged, ``conflicted``), so
+    added by the resolution, or a cleanly merged file that the resolution deletes. A replay cannot
+    key them by a blob, so the next bump would lose them."""
+    known = set(merged) | set(conflicted)
+    added = [path for path in _changed(work, parent, commit)
+             if path not in known and _blob_at(work, commit, path) and not _blob_at(work, parent, path)]
+    deleted = [path for path in sorted(merged) if not _blob_at(work, commit, path)]
+    return added + deleted
+
+
 def apply_merge_edits(work: Path, blobs: dict) -> list:
     """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that has a
     recorded edit (imported into the rr-cache) its postimage, staged; return the paths changed."""

@@ -81,6 +81,11 @@ class ContinuePhase:
         s, work = self.j.stopped, self.work
         edits = rr.edits_outside_the_merge(work, self.j.tip, new, set(s.merged) | set(s.files))
         rr.export_merge_edits(work, self.layout.resolutions, name, {**edits, **s.merged}, new)
+        lost = rr.unrecordable_stop_edits(work, self.j.tip, new, s.merged, s.files)
+        if lost:
+            self.log(f"  warning: {name}: the resolution's {', '.join(lost)} cannot be recorded (a file "
+                     f"the patch does not add, or a merged file deleted); the next bump will lose it: "
+                     f"put the change in a file the patch adds or changes")
 
     def _continue_tests_failed(self):
         """After a test stop: take the amended patch commits (one per patch, as before) and record
