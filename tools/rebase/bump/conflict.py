@@ -49,7 +49,9 @@ class ConflictStop:
         unmerged = _unmerged(work)
         # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
         # amended at a test stop (resolutions.py); only this patch's own.
-        edited = rr.apply_merge_edits_chained(work, self._edit_ids(j.names[idx]))
+        edits = self._edits(idx)
+        self._say_out_of_scope(idx, rr.paths_of_blobs(work, set(edits)), edits)
+        edited = rr.apply_merge_edits_chained(work, edits, self._edit_scope(idx))
         if edited:
             self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
         if not unmerged and not _marker_files(work):

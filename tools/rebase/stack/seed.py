@@ -142,7 +142,7 @@ def seed_line(line, log=print) -> Seeded:
         _refuse_links(release, line)
         _refuse_losing_work(line)
         files, kept = seeded_files(release, line)
-        backup = line.state_dir / "seed-backup"
+        backup = seed_backup(line)
         staging = line.state_dir / "seed-staging"
         for path in (backup, staging):  # left by an earlier seed (never followed if a link)
             if path.is_symlink() or path.is_file():
@@ -175,6 +175,30 @@ def seed_line(line, log=print) -> Seeded:
         + f"; the replaced files are in {line.rel(backup)}. Next: python -m tools.rebase bump"
         f"{line.line_flag} --onto {_onto_spec(backup / line.pin.name)}")
     return Seeded(count, kept, backup)
+
+
+def seed_backup(layout) -> Path:
+    """Where ``seed`` saves the files it replaces."""
+    return layout.state_dir / "seed-backup"
+
+
+def seeded_away_files(layout, patch_name: str) -> set:
+    """The files the line's own version of ``patch_name`` changed before ``seed`` replaced it with
+    the release line's (from the seed's backup, which only ``seed --line`` writes, and the dry run
+    copies into its scratch checkout); empty for a checkout never seeded."""
+    backup = seed_backup(layout)
+    if backup.is_symlink() or not backup.is_dir():
+        return set()
+    for path in sorted(backup.glob("*.patch")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            patch = parse_patch(path)
+        except RebaseError:
+            continue
+        if patch.name == patch_name:
+            return set(patch.files)
+    return set()
 
 
 def _onto_spec(saved_pin: Path) -> str:
