@@ -35,3 +35,34 @@ def test_bump_abort_refuses_a_carried_journal_and_restores_nothing(tmp_path):
     assert ".rebase/bump/journal.json" in proc.stderr and "nothing was restored" in proc.stderr, proc.stderr
     assert {p: (ci / p).read_bytes() for p in before} == before
     assert sh("git", "for-each-ref", cwd=ci / ".rebase" / "work") == refs
+
+
+def test_a_fresh_clone_report_says_its_test_results_are_the_committed_ones(tmp_path, monkeypatch):
+    """A forged ``REBASE_REPORT.json`` (test results a pull request wrote) regenerates as it is in
+    a fresh clone; ``report`` says the results were read back from it, not run."""
+    from tests.tools.bump.test_bump import bump_stops, resolve_beta, upstream_v2
+    from tests.tools.bumpkit import all_pass, commit_checkout, quiet
+    from tools.rebase.bump.bump import bump_continue
+
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache0"))
+    fork = committed_fork(tmp_path)
+    upstream_v2(fork, conflict=True)
+    bump_stops(fork)
+    resolve_beta(fork, "beta line 5 both")
+    bump_continue(fork.layout, log=quiet, test_runner=all_pass)
+    commit_checkout(fork, "bump to v2")
+
+    def forge(pr):
+        report = json.loads((pr / "REBASE_REPORT.json").read_text())
+        rows = [row for row in report["mapping"] if row.get("tests")]
+        assert rows  # the resolved patch's tests ran in the bump
+        for row in rows:
+            row["tests"] = {node: "passed (forged)" for node in row["tests"]}
+        (pr / "REBASE_REPORT.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+    ci = pull_request(fork, tmp_path, forge)
+    proc = tool(ci, "report", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert "passed (forged)" in (ci / "REBASE_REPORT.md").read_text()  # regenerated as committed
+    assert ("test result(s) of 1 patch(es) are read back from the committed REBASE_REPORT.json, not run "
+            "here") in proc.stdout, proc.stdout
