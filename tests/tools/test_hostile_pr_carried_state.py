@@ -6,7 +6,7 @@ restores nothing; before, it deleted the pin, patches/, README.md and the work r
 import json
 
 from tests.tools.bumpkit import sh
-from tests.tools.hostile import committed_fork, pull_request, tool
+from tests.tools.hostile import committed_fork, pull_request, tool, unpacked_archive
 
 CARRIED_V1_JOURNAL = {
     "version": 1, "onto": "git:x@v2", "phase": "stopped",
@@ -66,3 +66,39 @@ def test_a_fresh_clone_report_says_its_test_results_are_the_committed_ones(tmp_p
     assert "passed (forged)" in (ci / "REBASE_REPORT.md").read_text()  # regenerated as committed
     assert ("test result(s) of 1 patch(es) are read back from the committed REBASE_REPORT.json, not run "
             "here") in proc.stdout, proc.stdout
+
+
+def test_a_carried_sdist_in_the_checkouts_cache_is_not_taken_as_the_tools(tmp_path, find_links):
+    """An unpacked archive carries ``.rebase/cache/sdist/`` with the sdist its forged pin names,
+    one the index never served: ``apply`` (the default cache, inside the checkout) refuses it,
+    naming it, instead of building on it."""
+    from tests.tools.sdists import pinned_to_sdist, write_sdist
+
+    files = {"PKG-INFO": "Name: megatron-core\n", "megatron/core/__init__.py": "",
+             "megatron/core/package_info.py": "MAJOR = 9\nMINOR = 9\nPATCH = 9\n"}
+    name = "megatron_core-9.9.9.tar.gz"
+    forged = tmp_path / "forged" / name
+    sha = write_sdist(forged, "megatron_core-9.9.9", files)
+    ci = pull_request(committed_fork(tmp_path), tmp_path, pinned_to_sdist("megatron-core", "9.9.9", sha))
+    (ci / ".rebase" / "cache" / "sdist").mkdir(parents=True)
+    (ci / ".rebase" / "cache" / "sdist" / name).write_bytes(forged.read_bytes())
+    checkout = unpacked_archive(tmp_path, ci, keep=lambda rel: rel.parts[1:2] == ("cache",))
+    assert (checkout / ".rebase" / "cache" / "sdist" / name).is_file()
+    proc = tool(checkout, "apply")  # no FORK_REBASE_CACHE: the checkout's own cache
+    assert proc.returncode != 0
+    assert f".rebase/cache/sdist/{name}: a cached sdist the tool did not download here" in proc.stderr, proc.stderr
+    assert not (checkout / "megatron").exists()
+
+
+def test_the_tools_own_download_into_the_checkouts_cache_is_reused(tmp_path, find_links):
+    from tests.tools.sdists import pinned_to_sdist, write_sdist
+
+    files = {"PKG-INFO": "Name: megatron-core\n", "megatron/core/__init__.py": "",
+             "megatron/core/package_info.py": "MAJOR = 9\nMINOR = 9\nPATCH = 8\n"}
+    sha = write_sdist(find_links / "megatron_core-9.9.8.tar.gz", "megatron_core-9.9.8", files)
+    ci = pull_request(committed_fork(tmp_path), tmp_path, pinned_to_sdist("megatron-core", "9.9.8", sha))
+    first = tool(ci, "apply")
+    assert first.returncode == 0 and "downloading the sdist" in first.stderr, first.stderr
+    (find_links / "megatron_core-9.9.8.tar.gz").unlink()  # offline from now on
+    again = tool(ci, "apply", "--force")
+    assert again.returncode == 0 and "downloading" not in again.stderr, again.stderr
