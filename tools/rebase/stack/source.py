@@ -262,11 +262,29 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     else:
         real = fetch_git_commit(work, cache, pin.url, pin.commit)
         tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+        _refuse_links_in_package(work, tree, pin)
         when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
         message = f"Upstream {pin.url} at {pin.commit}\n\nref: {pin.ref or '(none)'}\n"
         commit = _commit_tree(work, tree, message, when)
     git("tag", "-f", tag, commit, cwd=work)
     return commit
+
+
+def _refuse_links_in_package(work: Path, tree: str, pin: Pin) -> None:
+    """A base whose ``megatron/`` holds a symlink or a submodule is refused, naming them: the
+    tool reads, patches and copies that tree as plain files (an sdist's are, by extraction), and a
+    link would point the copy, or a read, outside it. Links elsewhere in an upstream repository
+    (its agent and example folders) are not read."""
+    out = git("ls-tree", "-r", "-z", tree, "--", "megatron", cwd=work, binary=True)
+    bad = []
+    for record in out.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        if meta[:6] in (b"120000", b"160000"):
+            bad.append(path.decode("utf-8", "replace"))
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise RebaseError(f"the base {pin.url} at {pin.commit} holds a symlink or submodule under megatron/: "
+                          f"{shown}; the tool takes regular files only there, so nothing was imported")
 
 
 def _records(commit_object: bytes, pin: Pin) -> bool:
