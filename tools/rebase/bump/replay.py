@@ -118,9 +118,16 @@ class ReplayPhase:
         commit = self.j.commits[idx]
         return set(rr.changed_files(self.work, commit)) | seeded_away_files(self.layout, self.j.names[idx])
 
+    def _shown(self, path) -> str:
+        """``path`` relative to the checkout; a lender's folder outside a dry run's scratch copy whole."""
+        try:
+            return self.layout.rel(path)
+        except ValueError:
+            return str(path)
+
     def _say_out_of_scope(self, idx: int, blobs: dict, edits: dict) -> None:
         for entry, path in rr.out_of_scope(self.work, blobs, edits, self._edit_scope(idx)):
-            self.log(f"  warning: {self.j.names[idx]}: recorded edit {self.layout.rel(entry)} not applied to "
+            self.log(f"  warning: {self.j.names[idx]}: recorded edit {self._shown(entry)} not applied to "
                      f"{path}: its patch's replay does not change that file"
                      + (f" (it names {rr.recorded_path(entry)})" if rr.recorded_path(entry) else ""))
 

@@ -265,6 +265,18 @@ def used_ids(work: Path) -> list:
     return used
 
 
+def recording_folders(ids, patch_name: str, stores) -> list:
+    """The folders ``<store>/<patch_name>/<id>`` holding the rerere recordings ``ids`` (the first
+    store that has one: this line's before a lender's)."""
+    out = []
+    for rid in ids:
+        name, _ = _split_id(rid)
+        found = next((store / patch_name / name for store in stores if (store / patch_name / name).is_dir()), None)
+        if found is not None and found not in out:
+            out.append(found)
+    return out
+
+
 def foreign_ids(ids, own: set, stores) -> dict:
     """``{id: [folders holding it]}`` of the rerere ids in ``ids`` recorded for other patches only
     (not among ``own``, the ids recorded for the patch being replayed)."""
@@ -316,10 +328,10 @@ def edits_outside_the_merge(work: Path, parent: str, commit: str, known) -> dict
             and (blob := _blob_at(work, parent, path))}
 
 
-def apply_merge_edits(work: Path, blobs: dict, edits: dict, scope) -> list:
+def apply_merge_edits(work: Path, blobs: dict, edits: dict, scope, used=None) -> list:
     """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that a
     recording of ``edits`` (id -> entry folder of the patch's own) may edit its postimage, staged;
-    return the paths changed."""
+    return the paths changed (and add the entries applied to ``used``)."""
     changed = []
     for path, blob in sorted(blobs.items()):
         entry = edits.get(blob)
@@ -334,16 +346,18 @@ def apply_merge_edits(work: Path, blobs: dict, edits: dict, scope) -> list:
         write_file(work, target, post)
         git("add", "--", path, cwd=work)
         changed.append(path)
+        if used is not None and entry not in used:
+            used.append(entry)
     return changed
 
 
-def apply_merge_edits_chained(work: Path, edits: dict, scope, rounds: int = 8) -> list:
+def apply_merge_edits_chained(work: Path, edits: dict, scope, rounds: int = 8, used=None) -> list:
     """``apply_merge_edits`` until no recorded edit starts from a staged file: an edit recorded at
     a stop starts from the merged file as an earlier edit left it (a lent line's, say), so a replay
     needs both, in order. Bounded, so edits that lead back to their start cannot loop forever."""
     edited = []
     for _ in range(rounds):
-        step = apply_merge_edits(work, paths_of_blobs(work, set(edits)), edits, scope)
+        step = apply_merge_edits(work, paths_of_blobs(work, set(edits)), edits, scope, used)
         if not step:
             break
         edited += [path for path in step if path not in edited]
