@@ -10,7 +10,7 @@ from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE, DROPPED_NOTE
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
 from tools.rebase.stack.drops import drops_path, read_drops
-from tools.rebase.stack.seed import seeded_away_files
+from tools.rebase.stack.seed import files_of_patch, seeded_away_files
 
 
 class ReplayPhase:
@@ -113,10 +113,14 @@ class ReplayPhase:
 
     def _edit_scope(self, idx: int) -> set:
         """The files a recorded edit of patch ``idx`` may change at its stop: those its replay
-        changes, and, on a line refreshed by ``seed``, those the line's own version of the patch
-        changed before the seed (an edit recorded outside the release line's patch)."""
-        commit = self.j.commits[idx]
-        return set(rr.changed_files(self.work, commit)) | seeded_away_files(self.layout, self.j.names[idx])
+        changes; on a line refreshed by ``seed``, those the line's own version of the patch changed
+        before the seed; with ``--resolutions-from``, those the lender's version changes (an edit
+        recorded outside the release line's version of the patch: ``check`` holds each recording to
+        its own line's patch)."""
+        name = self.j.names[idx]
+        lender = self._lender()
+        return (set(rr.changed_files(self.work, self.j.commits[idx])) | seeded_away_files(self.layout, name)
+                | (files_of_patch(lender.patches, name) if lender else set()))
 
     def _shown(self, path) -> str:
         """``path`` relative to the checkout; a lender's folder outside a dry run's scratch copy whole."""

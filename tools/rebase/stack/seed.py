@@ -243,10 +243,15 @@ def seeded_away_files(layout, patch_name: str) -> set:
     """The files the line's own version of ``patch_name`` changed before ``seed`` replaced it with
     the release line's (from the seed's backup, which only ``seed --line`` writes, and the dry run
     copies into its scratch checkout); empty for a checkout never seeded."""
-    backup = seed_backup(layout)
-    if backup.is_symlink() or not backup.is_dir():
+    return files_of_patch(seed_backup(layout), patch_name)
+
+
+def files_of_patch(folder: Path, patch_name: str) -> set:
+    """The files the patch file named ``patch_name`` in ``folder`` (a ``patches/`` or a seed's
+    backup) changes; empty when there is none (links and unreadable files are skipped)."""
+    if folder.is_symlink() or not folder.is_dir():
         return set()
-    for path in sorted(backup.glob("*.patch")):
+    for path in sorted(folder.glob("*.patch")):
         if path.is_symlink() or not path.is_file():
             continue
         try:
