@@ -247,3 +247,27 @@ def clone_with_resolutions(tmp_path: Path, fork: Fork, pin: bytes, patches: dict
     shutil.copytree(fork.layout.resolutions, clone.layout.resolutions)
     monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
     return clone
+
+
+def seeded_line_with_resolutions(tmp_path: Path, fork: Fork, pin: bytes, patches: dict, monkeypatch) -> Fork:
+    """Another machine refreshes a line: the line holds what ``fork``'s bump exported (pin,
+    patches, resolutions), its release line ``fork``'s old pin and patches, and ``seed`` gives the
+    line the release line's; the returned Fork acts on the line. Its own versions of the patches
+    (which may change files the release line's do not) are in the seed's backup."""
+    import shutil
+
+    from tools.rebase.stack.seed import seed_line
+    from tools.rebase.stack.workrepo import apply
+
+    clone = make_fork(tmp_path, name="clone")
+    clone.layout.pin.write_bytes(pin)
+    for name, data in patches.items():
+        (clone.layout.patches / name).write_bytes(data)
+    line = add_line(clone, "refresh", pin_text=fork.layout.pin.read_text())
+    for name, data in fork.patch_files().items():
+        (line.layout.patches / name).write_bytes(data)
+    shutil.copytree(fork.layout.resolutions, line.layout.resolutions)
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache2"))
+    apply(line.layout, log=quiet)
+    seed_line(line.layout, log=quiet)
+    return line

@@ -82,6 +82,7 @@ def test_the_extracted_archive_is_the_hashed_one_even_if_the_cache_file_is_swapp
     from tools.rebase.stack.pin import Pin
 
     cache = tmp_path / "cache"
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(cache))  # pre-seeded: the machine's cache
     _, sha = booby_trapped_sdist(cache / "sdist", tmp_path / "M", minor=1)
     swapped, _ = booby_trapped_sdist(tmp_path / "evil", tmp_path / "M", minor=66)
     real_open = tarfile.open
@@ -96,12 +97,13 @@ def test_the_extracted_archive_is_the_hashed_one_even_if_the_cache_file_is_swapp
     assert "MINOR = 1\n" in sh("git", "show", f"{base}:megatron/core/package_info.py", cwd=work)
 
 
-def test_an_sdist_dated_past_what_git_can_store_is_a_clean_error(tmp_path):
+def test_an_sdist_dated_past_what_git_can_store_is_a_clean_error(tmp_path, monkeypatch):
     from tools.rebase.stack import source
     from tools.rebase.errors import RebaseError
     from tools.rebase.stack.pin import Pin
 
     cache = tmp_path / "cache"
+    monkeypatch.setenv("FORK_REBASE_CACHE", str(cache))  # pre-seeded: the machine's cache
     _, sha = booby_trapped_sdist(cache / "sdist", tmp_path / "M", mtime=2 ** 40)
     with pytest.raises(RebaseError, match=r"evilcore-1.0.tar.gz: a member's mtime \(1099511627776\) is after"):
         source.import_base(tmp_path / "work", cache, Pin("pypi", package="evilcore", version="1.0", sha256=sha))

@@ -87,7 +87,8 @@ def test_bump_with_resolutions_from_a_line_records_them_as_its_own(tmp_path, cac
     ran = []
     bump(fork.layout, f"git:{fork.upstream}@v2", log=logged.append, resolutions_from=line.layout,
          test_runner=lambda lay, name, ids: ran.append(name) or passing(lay, name, ids))
-    assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
+    (said,) = [m for m in logged if m.startswith("  tweak-beta: conflict resolved by a recorded resolution of line ahead")]
+    assert "(lines/ahead/patches/resolutions/tweak-beta/" in said  # the lender's recording, named
     assert ran == ["tweak-beta"]  # a reused resolution is tested like any other
     assert fork.patch_files() == line.patch_files()  # same resolution, same stack
     own = sorted(p.name for p in (fork.layout.resolutions / "tweak-beta").iterdir())
@@ -125,7 +126,8 @@ def test_continued_bump_still_names_the_lending_line(tmp_path, cache):
     resolve_conflict(fork.work, A, "alpha line 10 upstream and fork")
     logged = []
     bump_continue(fork.layout, log=logged.append, test_runner=passing)
-    assert "  tweak-beta: conflict resolved by a recorded resolution of line ahead" in logged
+    (said,) = [m for m in logged if m.startswith("  tweak-beta: conflict resolved by a recorded resolution of line ahead")]
+    assert "(lines/ahead/patches/resolutions/tweak-beta/" in said  # the lender's recording, named
     assert sorted(p.name for p in fork.layout.resolutions.iterdir()) == ["keep-alpha", "tweak-beta"]
     assert fork.patch_files() == line.patch_files()
 

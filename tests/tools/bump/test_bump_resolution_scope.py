@@ -43,3 +43,29 @@ def test_a_recording_filed_under_another_patch_resolves_nothing(resolved):
         bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passed)
     assert f"keep-alpha/{recorded.name}" in str(err.value)
     assert "beta line 5 both" not in "".join(t.decode() for t in clone.patch_files().values())
+
+
+def test_the_stop_names_the_recording_that_resolved_it(resolved):
+    fork, clone = resolved
+    (recorded,) = list((clone.layout.resolutions / "tweak-beta").iterdir())
+    logged = []
+    bump(clone.layout, f"git:{fork.upstream}@v2", log=logged.append, test_runner=passed)
+    (line,) = [m for m in logged if m.startswith("  tweak-beta: conflict resolved by a recorded resolution")]
+    assert line.endswith(f"(patches/resolutions/tweak-beta/{recorded.name})"), line
+
+
+def test_resolutions_from_takes_only_the_lenders_folder_of_the_same_patch(tmp_path, cache):
+    """The lending line's recording of tweak-beta's conflict, filed there under keep-alpha (also a
+    patch of this stack), does not resolve tweak-beta's conflict here."""
+    from tests.tools.bump.test_bump_lines import fork_with_line_ahead
+
+    fork, line = fork_with_line_ahead(tmp_path)
+    lent = line.layout.resolutions
+    (recorded,) = list((lent / "tweak-beta").iterdir())
+    (lent / "keep-alpha").mkdir()
+    shutil.move(str(recorded), str(lent / "keep-alpha" / recorded.name))
+    shutil.rmtree(lent / "tweak-beta")
+    with pytest.raises(RebaseError, match="not tweak-beta's own") as err:
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, resolutions_from=line.layout, test_runner=passed)
+    assert f"lines/ahead/patches/resolutions/keep-alpha/{recorded.name}" in str(err.value)
+    assert not (fork.layout.resolutions / "keep-alpha").exists()

@@ -5,7 +5,7 @@ line does not stop on the same tests again."""
 
 import pytest
 
-from tests.tools.bumpkit import ENV, clone_with_resolutions, make_fork, quiet, replace_line, resolve_conflict, sh
+from tests.tools.bumpkit import ENV, make_fork, quiet, replace_line, resolve_conflict, seeded_line_with_resolutions, sh
 from tools.rebase.bump.bump import Stopped, bump, bump_continue
 from tools.rebase.bump.forecast import forecast
 from tools.rebase.bump.journal import load
@@ -64,8 +64,9 @@ def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch
     after = fork.patch_files()
     assert any(b"refusal removed" in data for name, data in after.items() if "keep-alpha" in name)
 
-    # Another machine: the old pin and patches plus the committed resolutions.
-    clone = clone_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
+    # Another machine refreshes a line seeded with the old patches (keep-alpha's release version
+    # does not change delta.py; the line's own, in the seed's backup, does).
+    clone = seeded_line_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
     dry = forecast(clone.layout, f"git:{fork.upstream}@v2")
     assert [r["status"] for r in dry["patches"]] == ["resolved (recorded resolution)"] * 2 + ["clean"]
     assert not dry["would_stop"]
@@ -96,6 +97,7 @@ def test_edit_at_a_conflict_stop_of_a_file_the_merge_left_alone_replays(tmp_path
     bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     after = fork.patch_files()
     assert any(b"delta line 3 gone" in data for name, data in after.items() if "tweak-beta" in name)
-    clone = clone_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
+    # the recorded edit of delta.py reaches it on a line whose own tweak-beta changes delta.py
+    clone = seeded_line_with_resolutions(tmp_path, fork, before_pin, before_patches, monkeypatch)
     bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=lambda l, n, ids: {i: "passed" for i in ids})
     assert clone.patch_files() == after

@@ -20,11 +20,13 @@ def blob(work, text):
 
 
 def record(work, before, after):
-    entry = rr.rr_cache(work) / blob(work, before)
+    """A recorded edit of the merged blob ``before`` under the patch's folder, naming f.py."""
+    entry = work.parent / "resolutions" / "patch" / blob(work, before)
     entry.mkdir(parents=True)
     (entry / "preimage").write_text(before)
     (entry / "postimage").write_text(after)
-    return entry.name
+    (entry / "path").write_text("f.py\n")
+    return entry.name, entry
 
 
 def test_an_edit_recorded_on_top_of_another_is_applied_after_it(tmp_path):
@@ -33,8 +35,8 @@ def test_an_edit_recorded_on_top_of_another_is_applied_after_it(tmp_path):
     git(work, "init", "-q")
     (work / "f.py").write_text("merged\n")
     git(work, "add", "f.py")
-    ids = {record(work, "merged\n", "lent edit\n"), record(work, "lent edit\n", "line's rewrite\n")}
-    assert rr.apply_merge_edits_chained(work, ids) == ["f.py"]
+    edits = dict([record(work, "merged\n", "lent edit\n"), record(work, "lent edit\n", "line's rewrite\n")])
+    assert rr.apply_merge_edits_chained(work, edits, {"f.py"}) == ["f.py"]
     assert (work / "f.py").read_text() == "line's rewrite\n"
     assert git(work, "diff", "--cached", "--name-only") == "f.py"
 
@@ -45,6 +47,6 @@ def test_edits_that_lead_back_to_their_start_stop(tmp_path):
     git(work, "init", "-q")
     (work / "f.py").write_text("a\n")
     git(work, "add", "f.py")
-    ids = {record(work, "a\n", "b\n"), record(work, "b\n", "a\n")}
-    assert rr.apply_merge_edits_chained(work, ids, rounds=3) == ["f.py"]
+    edits = dict([record(work, "a\n", "b\n"), record(work, "b\n", "a\n")])
+    assert rr.apply_merge_edits_chained(work, edits, {"f.py"}, rounds=3) == ["f.py"]
     assert (work / "f.py").read_text() == "b\n"  # a -> b -> a -> b, then the bound

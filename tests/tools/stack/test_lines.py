@@ -150,7 +150,7 @@ def test_baseless_check_finds_series_trailer_and_resolution_problems(fork):
     store = line.layout.resolutions
     good = store / "alpha-seven" / ("1" * 40)
     good.mkdir(parents=True)
-    (good / "preimage").write_text("pre\n")
+    (good / "preimage").write_text("<<<<<<<\npre\n=======\nother\n>>>>>>>\n")  # a rerere conflict
     (good / "postimage").write_text("post\n")
     lines = []
     assert check_baseless(line, lines) == []

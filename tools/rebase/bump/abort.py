@@ -15,6 +15,14 @@ class AbortPhase:
         layout = self.layout
         if not jr.in_progress(layout):
             raise RebaseError("no bump in progress (nothing to abort)")
+        backup = jr.backup_dir(layout)
+        if not backup.is_dir() or backup.is_symlink():
+            # Only a backup the tool made says what to put back: a journal with none (carried by an
+            # archive or a copy, or a version-1 journal that held its own manifest) restores nothing.
+            raise RebaseError(f"{layout.rel(jr.journal_path(layout))}: a bump journal with no backup made "
+                              f"here ({layout.rel(backup)} is missing), so it was not written by this "
+                              f"checkout's bump; nothing was restored. Remove {layout.rel(jr.bump_dir(layout))} "
+                              f"if no bump of yours is in progress")
         try:
             j = jr.load(layout)
         except CorruptJournal as exc:  # the backup alone is enough to restore

@@ -24,12 +24,15 @@ class ConflictStop:
     """Mixin of ``Bump`` (uses ``work``, ``log``, ``hook``, ``j``, ``_save``, ``_record``,
     ``_record_recorded``, ``_absorbed_by``, ``_name_absorber`` and ``_lint_recorded``)."""
 
+    def _stores(self):
+        lender = self._lender()
+        return [self.layout.resolutions] + ([lender.resolutions] if lender else [])
+
     def _refuse_foreign_resolution(self, idx, ids):
         """rerere matches a conflict by its text alone: a resolution filed under another patch's
         Patch-Name (a pull request can file one anywhere) must not resolve this patch's conflict."""
         name = self.j.names[idx]
-        lender = self._lender()
-        stores = [self.layout.resolutions] + ([lender.resolutions] if lender else [])
+        stores = self._stores()
         foreign = rr.foreign_ids(ids, self._edit_ids(name), stores)
         if foreign:
             shown = "; ".join(f"{rid} (recorded in {', '.join(where) or 'no resolutions folder'})"
@@ -49,16 +52,22 @@ class ConflictStop:
         unmerged = _unmerged(work)
         # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
         # amended at a test stop (resolutions.py); only this patch's own.
-        edited = rr.apply_merge_edits_chained(work, self._edit_ids(j.names[idx]))
+        edits, applied = self._edits(idx), []
+        self._say_out_of_scope(idx, rr.paths_of_blobs(work, set(edits)), edits)
+        edited = rr.apply_merge_edits_chained(work, edits, self._edit_scope(idx), used=applied)
         if edited:
-            self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)}")
+            self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)} "
+                     f"(from {', '.join(self._shown(e) for e in applied)})")
         if not unmerged and not _marker_files(work):
             # Nothing left to merge: rerere resolved every conflict from a recorded resolution
             # (or the result is empty: already in the new base).
             if _staged_changes(work):
                 ids = rr.conflict_ids(work)
+                reused = []
                 if output is not None:  # a conflict stop: its pick was the stretch's last, rerere's reuses are its own
-                    self._refuse_foreign_resolution(idx, sorted(set(ids) | set(rr.used_ids(work))))
+                    reused = sorted(set(ids) | set(rr.used_ids(work)))
+                    self._refuse_foreign_resolution(idx, reused)
+                which = rr.recording_folders(reused, j.names[idx], self._stores()) + applied  # before adopting lent ones
                 j.picking = StopInfo(index=idx, files=[], rerere_ids=ids, upstream=[])
                 self._save()  # a kill after the commit below must not pass it off as a clean replay
                 new = _commit_pick(work, commit, j.dates[idx])
@@ -67,7 +76,8 @@ class ConflictStop:
                 what = "clean merge edited" if output is None else "conflict resolved"
                 origin = self._record_recorded(idx, new, clean=output is None)
                 self.log(f"  {j.names[idx]}: {what} by a recorded resolution"
-                         + (f" of {origin}" if origin else ""))
+                         + (f" of {origin}" if origin else "")
+                         + (f" ({', '.join(self._shown(f) for f in which)})" if which else ""))
             else:
                 _reset_to(work, j.tip)
                 up, how = self._name_absorber(idx, "empty after the recorded resolution")

@@ -24,7 +24,8 @@ from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
 from tools.rebase.git.paths import Layout
 from tools.rebase.stack.state import read_state
 from tools.rebase.git.owned import WORK_MARKER, WORK_PURPOSE, mark
-from tools.rebase.git.safefs import copy_entry, write_file
+from tools.rebase.git.safefs import copy_entry, makedirs, write_file
+from tools.rebase.stack.seed import seed_backup
 
 SCHEMA = "fork-rebase-forecast/1"
 
@@ -54,6 +55,10 @@ def _scratch(layout, tmp: Path) -> ScratchLayout:
                ignore=lambda d, names: [n for n in names if Path(d) == layout.patches
                                              and n.endswith(".patch") and n not in listed])
     scratch = ScratchLayout(root, shared_cache=layout.cache)
+    backup = seed_backup(layout)
+    if backup.is_dir() and not backup.is_symlink():  # a seeded line: its own versions of the patches
+        makedirs(root, scratch.state_dir)
+        copy_entry(root, backup, seed_backup(scratch))
     real = layout.work
     if (real / ".git").is_dir():
         work = scratch.work

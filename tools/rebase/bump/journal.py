@@ -129,9 +129,6 @@ def load_backup(layout) -> Backup:
     try:
         return _build(Backup, json.loads(path.read_text()), "backup")
     except FileNotFoundError:
-        legacy = _legacy_backup(layout)
-        if legacy:
-            return legacy
         raise CorruptJournal(f"{path} is missing: the bump's backup is incomplete, so nothing can be "
                              f"restored from it; restore upstream.toml, patches/ and the report with git "
                              f"and run `python -m tools.rebase apply --force`") from None
@@ -139,19 +136,6 @@ def load_backup(layout) -> Backup:
         raise CorruptJournal(f"{path}: the bump's backup manifest is corrupt ({exc}); restore "
                              f"upstream.toml, patches/ and the report with git and run "
                              f"`python -m tools.rebase apply --force`") from None
-
-
-def _legacy_backup(layout):
-    """Version 1 kept the backup's manifest in the journal itself: read it from there."""
-    try:
-        data = json.loads(journal_path(layout).read_text())
-        if data.get("version") == 1:
-            return _build(Backup, {"present": data["backup_present"], "work_refs": data["work_refs"],
-                                   "work_head_ref": data["work_head_ref"], "work_head": data["work_head"]},
-                          "backup (from a version 1 journal)")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        pass
-    return None
 
 
 # What a bump writes in the checkout only once it is finishing (before, at a stop, it writes

@@ -27,7 +27,10 @@ def _tests_for(repo, base, tip, runner_root):
     return results
 
 
-def report_last_bump(lay, run_tests=False):
+def report_last_bump(lay, run_tests=False, log=None):
+    """The last bump's report. Rebuilt in a fresh clone, its test results are the committed
+    ``REBASE_REPORT.json``'s, which a pull request can write: ``log`` is told they were read back,
+    not run (``run_tests`` runs them)."""
     from tools.rebase.bump.finish import report_from_record
     from tools.rebase.bump.journal import last_bump_dir
 
@@ -41,6 +44,8 @@ def report_last_bump(lay, run_tests=False):
         from tools.rebase.bump.lastbump import record_from_history
 
         record = record_from_history(lay, _stack_at)
+        if record["tests"] and not run_tests and log is not None:
+            log(_reused_tests_note(lay, record["tests"]))
     tests = None
     if run_tests:
         from tools.rebase.stack.state import read_state
@@ -52,6 +57,14 @@ def report_last_bump(lay, run_tests=False):
                               "compare states with --old REV [--new REV] instead")
         tests = _tests_for(lay.work, record["new_base"], record["new_tip"], lay.root)
     return report_from_record(lay.work, record, tests=tests)
+
+
+def _reused_tests_note(lay, tests: dict) -> str:
+    shown = lay.rel(lay.report_json)
+    count = sum(len(outcomes) for outcomes in tests.values())
+    return (f"report: no bump ran on this machine: the {count} test result(s) of {len(tests)} patch(es) "
+            f"are read back from the committed {shown}, not run here (a pull request can write any); "
+            f"`report --run-tests` runs them")
 
 
 def _stack_at(lay, rev):

@@ -10,6 +10,7 @@ from tools.rebase.bump.lastbump import CLEAN_EDITED_NOTE, DROPPED_NOTE
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
 from tools.rebase.stack.drops import drops_path, read_drops
+from tools.rebase.stack.seed import files_of_patch, seeded_away_files
 
 
 class ReplayPhase:
@@ -91,15 +92,48 @@ class ReplayPhase:
         for sha, _name, k in self._match_replayed(head, end):
             if k is None:
                 return None
-            if any(rr.has_merge_edit(self.work, b)
-                   for b in rr.paths_of_blobs(self.work, self._edit_ids(self.j.names[k]), tree=sha).values()):
+            edits = self._edits(k)
+            blobs = rr.paths_of_blobs(self.work, set(edits), tree=sha)
+            self._say_out_of_scope(k, blobs, edits)
+            if rr.has_merge_edit(self.work, blobs, edits, self._edit_scope(k)):
                 return k, sha, rev_parse(self.work, f"{sha}^")
         return None
 
     def _edit_ids(self, name: str) -> set:
         """Ids recorded for patch ``name`` in this line's resolutions and the lending line's."""
+        return set(self._edit_entries(name))
+
+    def _edit_entries(self, name: str) -> dict:
         lender = self._lender()
-        return rr.edit_ids([self.layout.resolutions] + ([lender.resolutions] if lender else []), name)
+        return rr.merge_edits([self.layout.resolutions] + ([lender.resolutions] if lender else []), name)
+
+    def _edits(self, idx: int) -> dict:
+        """``{id: entry folder}`` of the recorded edits of patch ``idx`` (its own folder only)."""
+        return self._edit_entries(self.j.names[idx])
+
+    def _edit_scope(self, idx: int) -> set:
+        """The files a recorded edit of patch ``idx`` may change at its stop: those its replay
+        changes; on a line refreshed by ``seed``, those the line's own version of the patch changed
+        before the seed; with ``--resolutions-from``, those the lender's version changes (an edit
+        recorded outside the release line's version of the patch: ``check`` holds each recording to
+        its own line's patch)."""
+        name = self.j.names[idx]
+        lender = self._lender()
+        return (set(rr.changed_files(self.work, self.j.commits[idx])) | seeded_away_files(self.layout, name)
+                | (files_of_patch(lender.patches, name) if lender else set()))
+
+    def _shown(self, path) -> str:
+        """``path`` relative to the checkout; a lender's folder outside a dry run's scratch copy whole."""
+        try:
+            return self.layout.rel(path)
+        except ValueError:
+            return str(path)
+
+    def _say_out_of_scope(self, idx: int, blobs: dict, edits: dict) -> None:
+        for entry, path in rr.out_of_scope(self.work, blobs, edits, self._edit_scope(idx)):
+            self.log(f"  warning: {self.j.names[idx]}: recorded edit {self._shown(entry)} not applied to "
+                     f"{path}: its patch's replay does not change that file"
+                     + (f" (it names {rr.recorded_path(entry)})" if rr.recorded_path(entry) else ""))
 
     def _lender(self):
         other = self.resolutions_from

@@ -3,7 +3,12 @@
 git rerere remembers a resolution by the text of the conflict, in ``.git/rr-cache/<id>/``; that
 cache is local and expires. We keep a copy per patch in ``patches/resolutions/<Patch-Name>/<id>/``
 (``preimage*``/``postimage*`` files, byte for byte) and load it into the work repo's rr-cache before
-a bump, so the same conflict on any clone is resolved and staged without asking.
+a bump, so the same conflict on any clone is resolved and staged without asking. Edits of
+cleanly merged files share the shape (below); each edits only the one file it names, and only a
+file its patch's replay changes at that stop (``stack/recordings.py``).
+
+Size: over 400 lines because both kinds of recording, their import, export and scoping rules
+are one format on disk; split by kind, a change of the format would span two modules.
 """
 
 import os
@@ -13,7 +18,8 @@ from pathlib import Path
 from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc
-from tools.rebase.git.safefs import copy_entry, write_file
+from tools.rebase.git.safefs import copy_entry, read_nofollow, write_file
+from tools.rebase.stack.recordings import PATH_FILE, recorded_path
 
 RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
 
@@ -82,7 +88,7 @@ def adopt(lender: Path, store: Path, patch_name: str) -> list:
         target = store / patch_name / entry.name
         if target.exists():
             continue
-        images = _images(entry)
+        images = _images(entry) + [f for f in (entry / PATH_FILE,) if f.is_file() or f.is_symlink()]
         for image in images:
             _refuse_links(image)
         target.mkdir(parents=True)
@@ -175,7 +181,7 @@ def staged_blobs(work: Path, paths) -> dict:
 
 def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, commit: str) -> list:
     """Store how the maintainer changed files git had merged cleanly at the stop (``merged``:
-    path -> merged blob) in ``commit``; return the ids written."""
+    path -> merged blob) in ``commit``, each with the path it edits; return the ids written."""
     _refuse_links(store)
     written = []
     for path, blob in sorted(merged.items()):
@@ -185,8 +191,9 @@ def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, c
         _check_entry(patch_name, blob, f"merge edit of {patch_name!r}")
         target = store / patch_name / blob
         target.mkdir(parents=True, exist_ok=True)
-        for dest, source in ((target / "preimage", blob), (target / "postimage", after)):
-            data = git("cat-file", "blob", source, cwd=work, binary=True)
+        for dest, data in ((target / "preimage", git("cat-file", "blob", blob, cwd=work, binary=True)),
+                           (target / "postimage", git("cat-file", "blob", after, cwd=work, binary=True)),
+                           (target / PATH_FILE, f"{path}\n".encode())):
             if not dest.is_file() or dest.read_bytes() != data:
                 write_file(store, dest, data)
         written.append(blob)
@@ -196,14 +203,23 @@ def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, c
 def edit_ids(stores, patch_name: str) -> set:
     """The ids recorded under ``<store>/<patch_name>/`` of each store (this line's, a lender's):
     the merged blobs a replay of that patch may edit (rerere ids among them never match a blob)."""
-    ids = set()
+    return set(merge_edits(stores, patch_name))
+
+
+def merge_edits(stores, patch_name: str) -> dict:
+    """``{id: entry folder}`` of the recordings under ``<store>/<patch_name>/`` (this line's
+    first, then a lender's): the only recordings a replay of ``patch_name`` reads its edits from."""
+    found = {}
     for store in stores:
         _refuse_links(store)
         folder = store / patch_name
         _refuse_links(folder)
         if folder.is_dir():
-            ids.update(e.name for e in folder.iterdir() if names.RERERE_ID.match(e.name))
-    return ids
+            for entry in sorted(folder.iterdir()):
+                if names.RERERE_ID.match(entry.name) and entry.name not in found:
+                    _refuse_links(entry)
+                    found[entry.name] = entry
+    return found
 
 
 def paths_of_blobs(work: Path, ids, tree: str = None) -> dict:
@@ -249,6 +265,18 @@ def used_ids(work: Path) -> list:
     return used
 
 
+def recording_folders(ids, patch_name: str, stores) -> list:
+    """The folders ``<store>/<patch_name>/<id>`` holding the rerere recordings ``ids`` (the first
+    store that has one: this line's before a lender's)."""
+    out = []
+    for rid in ids:
+        name, _ = _split_id(rid)
+        found = next((store / patch_name / name for store in stores if (store / patch_name / name).is_dir()), None)
+        if found is not None and found not in out:
+            out.append(found)
+    return out
+
+
 def foreign_ids(ids, own: set, stores) -> dict:
     """``{id: [folders holding it]}`` of the rerere ids in ``ids`` recorded for other patches only
     (not among ``own``, the ids recorded for the patch being replayed)."""
@@ -261,13 +289,36 @@ def foreign_ids(ids, own: set, stores) -> dict:
     return out
 
 
-def has_merge_edit(work: Path, blob: str) -> bool:
-    """Whether the rr-cache holds a recorded edit of the merged blob ``blob`` (preimage byte-compared)."""
-    entry = rr_cache(work) / blob
+def _edit_of(work: Path, entry: Path, blob: str):
+    """The postimage of the recorded edit ``entry`` when its preimage is the blob ``blob``, else None."""
     pre, post = entry / "preimage", entry / "postimage"
     if not (pre.is_file() and post.is_file()) or pre.is_symlink() or post.is_symlink():
-        return False
-    return pre.read_bytes() == git("cat-file", "blob", blob, cwd=work, binary=True)
+        return None
+    if read_nofollow(pre) != git("cat-file", "blob", blob, cwd=work, binary=True):
+        return None
+    return read_nofollow(post)
+
+
+def edit_applies(path: str, entry: Path, scope) -> bool:
+    """Whether the recorded edit ``entry`` may edit the staged file ``path``: only a file its
+    patch's replay changes at that stop (``scope``), and only the one file it names."""
+    named = recorded_path(entry)
+    return path in scope and (named is None or named == path)
+
+
+def has_merge_edit(work: Path, blobs: dict, edits: dict, scope) -> bool:
+    """Whether a recorded edit of ``edits`` (id -> entry) starts from a file of ``blobs`` (path ->
+    blob) it may edit."""
+    return any(blob in edits and edit_applies(path, edits[blob], scope)
+               and _edit_of(work, edits[blob], blob) is not None for path, blob in blobs.items())
+
+
+def out_of_scope(work: Path, blobs: dict, edits: dict, scope) -> list:
+    """``[(entry, path)]`` of the recorded edits that start from a file of ``blobs`` they may not
+    edit (not changed by the patch's replay, or not the file they name): left out, said at the stop."""
+    return [(edits[blob], path) for path, blob in sorted(blobs.items())
+            if blob in edits and not edit_applies(path, edits[blob], scope)
+            and _edit_of(work, edits[blob], blob) is not None]
 
 
 def edits_outside_the_merge(work: Path, parent: str, commit: str, known) -> dict:
@@ -289,29 +340,36 @@ def unrecordable_stop_edits(work: Path, parent: str, commit: str, merged, confli
     return added + deleted
 
 
-def apply_merge_edits(work: Path, blobs: dict) -> list:
-    """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that has a
-    recorded edit (imported into the rr-cache) its postimage, staged; return the paths changed."""
+def apply_merge_edits(work: Path, blobs: dict, edits: dict, scope, used=None) -> list:
+    """Give every staged file of ``blobs`` (path -> merged blob, from ``paths_of_blobs``) that a
+    recording of ``edits`` (id -> entry folder of the patch's own) may edit its postimage, staged;
+    return the paths changed (and add the entries applied to ``used``)."""
     changed = []
     for path, blob in sorted(blobs.items()):
-        if not has_merge_edit(work, blob):
+        entry = edits.get(blob)
+        if entry is None or not edit_applies(path, entry, scope):
+            continue
+        post = _edit_of(work, entry, blob)
+        if post is None:
             continue
         target = work / path
         if target.is_symlink():
             raise RebaseError(f"{target}: a recorded merge edit must not write through a link")
-        write_file(work, target, (rr_cache(work) / blob / "postimage").read_bytes())
+        write_file(work, target, post)
         git("add", "--", path, cwd=work)
         changed.append(path)
+        if used is not None and entry not in used:
+            used.append(entry)
     return changed
 
 
-def apply_merge_edits_chained(work: Path, ids, rounds: int = 8) -> list:
+def apply_merge_edits_chained(work: Path, edits: dict, scope, rounds: int = 8, used=None) -> list:
     """``apply_merge_edits`` until no recorded edit starts from a staged file: an edit recorded at
     a stop starts from the merged file as an earlier edit left it (a lent line's, say), so a replay
     needs both, in order. Bounded, so edits that lead back to their start cannot loop forever."""
     edited = []
     for _ in range(rounds):
-        step = apply_merge_edits(work, paths_of_blobs(work, ids))
+        step = apply_merge_edits(work, paths_of_blobs(work, set(edits)), edits, scope, used)
         if not step:
             break
         edited += [path for path in step if path not in edited]
@@ -336,6 +394,11 @@ def _own_lines(work: Path, commit: str, path: str) -> list:
     out = git("diff", "-U0", "--no-color", "--no-ext-diff", f"{commit}^", commit, "--", path, cwd=work)
     return [line for line in out.splitlines()
             if line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- "))]
+
+
+def changed_files(work: Path, commit: str) -> list:
+    """The paths ``commit`` changes against its parent."""
+    return _changed(work, f"{commit}^", commit)
 
 
 def _changed(work: Path, old: str, new: str) -> list:

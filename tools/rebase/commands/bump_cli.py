@@ -166,7 +166,7 @@ def _cmd_report(args, lay):
     md = Path(args.output) if args.output else lay.report_md
     js = Path(args.json) if args.json else (lay.report_json if not args.output else None)
     with locked(lay, "report"):
-        data = report_last_bump(lay, run_tests=args.run_tests)
+        data = report_last_bump(lay, run_tests=args.run_tests, log=print)
         write_report(data, md, js)
     print(f"wrote {md}" + (f" and {js}" if js else ""))
     return 0

@@ -131,13 +131,29 @@ def _command(args) -> list:
     return ["git", *_pinned_args(), *args]
 
 
+def _textconv_off(args, cwd) -> dict:
+    """The config, as environment, that turns off every textconv the repository at ``cwd`` names
+    for a ``range-diff``: it runs its own ``git log -p``, which takes no ``--no-textconv`` from it,
+    so each ``diff.<driver>.textconv`` is pinned to ``cat`` (the file's bytes as they are)."""
+    if not args or str(args[0]) != "range-diff":
+        return {}
+    proc = subprocess.run(["git", *_pinned_args(), "config", "-z", "--name-only", "--get-regexp",
+                           r"^diff\..+\.textconv$"], cwd=str(cwd), env=hermetic_env(_discovery_env(cwd)),
+                          capture_output=True)
+    keys = [k for k in proc.stdout.decode("utf-8", "replace").split("\0") if k]
+    env = {"GIT_CONFIG_COUNT": str(len(keys))}
+    for i, key in enumerate(keys):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, "cat"
+    return env if keys else {}
+
+
 def git(*args, cwd, check=True, env=None, input=None, binary=False):
     """Run ``git args`` in ``cwd``; return stdout (str, or bytes when ``binary``)."""
     cmd = _command(args)
     proc = subprocess.run(
         cmd,
         cwd=str(cwd),
-        env=hermetic_env({**_discovery_env(cwd), **(env or {})}),
+        env=hermetic_env({**_discovery_env(cwd), **_textconv_off(args, cwd), **(env or {})}),
         input=input.encode() if isinstance(input, str) else input,
         capture_output=True,
     )
@@ -150,7 +166,8 @@ def git_proc(*args, cwd, env=None, input=None):
     """Run git and return the CompletedProcess without raising (stdout/stderr as text)."""
     cmd = _command(args)
     return subprocess.run(
-        cmd, cwd=str(cwd), env=hermetic_env({**_discovery_env(cwd), **(env or {})}), input=input,
+        cmd, cwd=str(cwd), env=hermetic_env({**_discovery_env(cwd), **_textconv_off(args, cwd), **(env or {})}),
+        input=input,
         capture_output=True, text=True
     )
 

@@ -65,3 +65,46 @@ def refuse_unmarked(git_dir: Path, name: str, purpose: str, advice: str) -> None
             f"{git_dir}: not {purpose} made here by tools.rebase for uid {os.getuid()} (no valid "
             f"{name} marker: committed, unpacked from an archive, copied, made by an older version of "
             f"the tool, or another user's); nothing is read from it and no git command runs in it. {advice}")
+
+
+# ---------------------------------------------------------------- a file the tool wrote (a cached sdist)
+#
+# A cache entry is one file, not a folder that can hold a stamp: its marker, next to it, records
+# the entry's own inode, change time and size, which an unpacked or copied file does not keep.
+
+SDIST_PURPOSE = "a cached sdist"
+FILE_MARKER_SUFFIX = ".owned"
+
+
+def _file_text(purpose: str, st) -> str:
+    return f"created by tools.rebase as {purpose}\nfile: inode {st.st_ino} changed {st.st_ctime_ns} size {st.st_size}\n"
+
+
+def file_marker(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + FILE_MARKER_SUFFIX)
+
+
+def mark_file(path: Path, purpose: str) -> None:
+    """Write the marker of the file ``path`` the tool has just put in place (one left over is replaced)."""
+    marker = file_marker(path)
+    if os.path.lexists(marker):
+        os.unlink(marker)
+    create_new(Path(path).parent, marker, _file_text(purpose, os.lstat(path)))
+
+
+def is_marked_file(path: Path, purpose: str) -> bool:
+    """Whether ``path`` is a regular file of this user that ``mark_file`` marked where it is now."""
+    try:
+        st = os.lstat(path)
+        st_marker = os.lstat(file_marker(path))
+    except OSError:
+        return False
+    if not (stat.S_ISREG(st.st_mode) and stat.S_ISREG(st_marker.st_mode)) or not st.st_uid == st_marker.st_uid == os.getuid():
+        return False
+    try:
+        fd = os.open(file_marker(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read(4096)
+    return text == _file_text(purpose, st).encode()

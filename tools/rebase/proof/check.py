@@ -11,8 +11,10 @@ with ``prove``; the maintainer refreshes the records at release or bump time, wh
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.stack.drops import lint_drops
 from tools.rebase.stack.pin import load_pin
+from tools.rebase.stack.recordings import is_merge_edit, recorded_path
 from tools.rebase.stack.series import (
     FILE_NAME, REQUIRED_TRAILERS, UPSTREAM_STATUS_WORDS, parse_patch, read_series,
 )
@@ -71,9 +73,12 @@ def lint_series(layout):
     return problems, parsed, series
 
 
-def lint_resolutions(layout, patch_names) -> list:
-    """Recorded resolutions a bump would load: ``resolutions/<Patch-Name>/<rerere id>/`` real folders
-    holding a ``preimage`` and a ``postimage``, for patches of the series only."""
+def lint_resolutions(layout, patches) -> list:
+    """Recorded resolutions a bump would load: ``resolutions/<Patch-Name>/<id>/`` real folders
+    holding a ``preimage`` and a ``postimage``, for patches of the series only (``patches``: the
+    parsed series). Each is a rerere recording (its preimage holds conflict markers) or an edit of
+    a cleanly merged file (keyed by its preimage's blob id) that names a file its patch changes."""
+    files_of = {p.name: p for p in patches}
     store = layout.resolutions
     shown = layout.rel(store)
     if store.is_symlink():
@@ -88,7 +93,7 @@ def lint_resolutions(layout, patch_names) -> list:
         if patch_dir.is_symlink() or not patch_dir.is_dir():
             problems.append(f"{where}: must be a real folder named after a Patch-Name")
             continue
-        if patch_dir.name not in patch_names:
+        if patch_dir.name not in files_of:
             problems.append(f"{where}: no patch of the series is named {patch_dir.name!r}")
         for entry in sorted(patch_dir.iterdir()):
             here = f"{where}/{entry.name}"
@@ -97,10 +102,34 @@ def lint_resolutions(layout, patch_names) -> list:
                 continue
             if not names.RERERE_ID.match(entry.name):
                 problems.append(f"{here}: {entry.name!r} is not a 40-hex rerere id")
-            for image in ("preimage", "postimage"):
-                if entry.joinpath(image).is_symlink() or not entry.joinpath(image).is_file():
-                    problems.append(f"{here}: no {image} file (a resolution needs both images)")
+            missing = [image for image in ("preimage", "postimage")
+                       if entry.joinpath(image).is_symlink() or not entry.joinpath(image).is_file()]
+            problems += [f"{here}: no {image} file (a resolution needs both images)" for image in missing]
+            if not missing:
+                problems += _lint_recording(here, entry, files_of.get(patch_dir.name))
     return problems
+
+
+def _lint_recording(here: str, entry, patch) -> list:
+    """One recording checked against its patch: a merge edit must name a file the patch changes."""
+    try:
+        preimage = read_nofollow(entry / "preimage")
+        named = recorded_path(entry)
+    except RebaseError as exc:
+        return [f"{here}: {exc}"]
+    edit = is_merge_edit(entry, preimage)
+    if named is not None and not edit:
+        return [f"{here}: names {named} but is no edit of a merged file (its preimage's blob id is not "
+                f"{entry.name}); a rerere recording names no path"]
+    if not edit and b"<<<<<<<" not in preimage:
+        return [f"{here}: neither a rerere recording (no conflict markers in its preimage) nor an edit of "
+                f"a merged file (its preimage's blob id is not {entry.name})"]
+    if named is not None and patch is not None and named not in patch.files:
+        shown = ", ".join(patch.files) or "no file"
+        return [f"{here}: edits {named}, a file {patch.name} does not change ({patch.path.name} changes "
+                f"{shown}); a recorded edit applies only to a file of its own patch: file it under the "
+                f"patch that changes {named}, or remove it"]
+    return []
 
 
 BASELESS_NOTE = "base-less check: series and resolutions linted; apply/export not verified"
@@ -118,7 +147,7 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     problems, parsed, _ = lint_series(layout)
     if not problems:
         log(f"series ok: {len(parsed)} patches")
-    problems += lint_resolutions(layout, {p.name for p in parsed})
+    problems += lint_resolutions(layout, parsed)
     problems += lint_drops(layout, {p.name for p in parsed})
     if not problems:
         problems += check_records(layout, log, strict_records)
@@ -179,7 +208,7 @@ def check(layout, log=print, strict_records: bool = False) -> list:
     log(f"pin ok: {pin.display}")
     warn_unexported(layout, log)
     lint_problems, parsed, series = lint_series(layout)
-    lint_problems += lint_resolutions(layout, {p.name for p in parsed})
+    lint_problems += lint_resolutions(layout, parsed)
     lint_problems += lint_drops(layout, {p.name for p in parsed})
     problems += lint_problems
     if lint_problems:

@@ -13,7 +13,8 @@ unexported work in its work repo, and patch files edited since its last apply or
 patches the line records as dropped (``patches/dropped``) are copied too: they may carry context
 later patches need on the old base; the refresh's bump drops them again (``bump/replay.py``). The
 files it replaces are saved under the line's state directory first; a failure while writing puts
-them back.
+them back, and a kill while writing leaves that backup marked in progress: the next ``seed`` takes
+the line's own files from it and finishes (the half-seeded files are no hand edits).
 """
 
 import dataclasses
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.lock import locked
-from tools.rebase.git.safefs import makedirs, read_nofollow, write_file
+from tools.rebase.git.owned import STAMP_SUFFIX, is_marked, mark
+from tools.rebase.git.safefs import create_new, makedirs, read_nofollow, write_file
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.series import _patch_break, _refuse_link, parse_patch, read_series
 from tools.rebase.stack.state import changed_patch_files, read_state
@@ -78,11 +80,16 @@ def _refuse_links(release, line) -> None:
             _refuse_link(path)
 
 
-def _refuse_losing_work(line) -> None:
+def _refuse_losing_work(line, resumed=None) -> None:
+    """Refuse hand edits of the line's patch files; ``resumed`` (the killed seed's backup and what
+    this seed writes): a file as that seed left it (the line's own, saved, or the release line's)
+    is no edit."""
     refuse_during_bump(line, "seed")
     state = read_state(line)
     guard_work_repo(line, state)
     changed = changed_patch_files(line, state)
+    if resumed is not None:
+        changed = [name for name in changed if not _left_by_the_killed_seed(line, *resumed, name)]
     if changed:
         raise RebaseError(
             f"{line.patches} changed since the line's last apply or export: {', '.join(changed)}; "
@@ -90,9 +97,11 @@ def _refuse_losing_work(line) -> None:
         )
 
 
-def seeded_files(release, line) -> tuple:
-    """What the line's patches/ gets: ``{file name: text}`` (series included) and the kept ids."""
-    line_patches = {p.name: p for _, p in _stack_of(line)}
+def seeded_files(release, line, own=None) -> tuple:
+    """What the line's patches/ gets: ``{file name: text}`` (series included) and the kept ids.
+    ``own``: where the line's own series and patch files are (a killed seed's backup), if not in
+    its patches/."""
+    line_patches = {p.name: p for _, p in _stack_of(own or line)}
     release_stack = _stack_of(release)
     release_names = {p.name for _, p in release_stack}
     only_line = sorted(n for n in line_patches if n not in release_names)
@@ -140,22 +149,28 @@ def seed_line(line, log=print) -> Seeded:
     release = dataclasses.replace(line, line=None)
     with locked(line, "seed"):
         _refuse_links(release, line)
-        _refuse_losing_work(line)
-        files, kept = seeded_files(release, line)
-        backup = line.state_dir / "seed-backup"
+        backup = seed_backup(line)
+        resumed = _killed_seed(backup)
+        if not resumed:
+            _refuse_losing_work(line)
+        files, kept = seeded_files(release, line, own=_SavedStack(backup) if resumed else None)
+        if resumed:
+            _refuse_losing_work(line, (backup, files))
         staging = line.state_dir / "seed-staging"
-        for path in (backup, staging):  # left by an earlier seed (never followed if a link)
+        for path in (staging,) + (() if resumed else (backup,)):  # left by an earlier seed (never followed if a link)
             if path.is_symlink() or path.is_file():
                 path.unlink()
             elif path.is_dir():
                 shutil.rmtree(path)
         makedirs(line.root, staging)
         _check_written(line.root, staging, files, kept)
-        makedirs(line.root, backup)
+        if resumed:
+            log(f"seed: finishing the seed of line {line.line!r} that was stopped midway (its backup "
+                f"{line.rel(backup)} holds the line's own files)")
+        else:
+            _save_line(line, backup)
+            create_new(backup, backup / IN_PROGRESS, b"")  # from here a kill leaves a seed the next one finishes
         old = sorted(line.patches.glob("*.patch")) if line.patches.is_dir() else []
-        for path in old + [line.series, line.pin]:
-            if path.is_file():
-                write_file(line.root, backup / path.name, read_nofollow(path))
         try:
             for path in old:
                 if path.name not in files:
@@ -165,9 +180,11 @@ def seed_line(line, log=print) -> Seeded:
             write_file(line.root, line.pin, read_nofollow(release.pin))
         except BaseException:
             _restore(line, backup, files)
+            (backup / IN_PROGRESS).unlink()
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        (backup / IN_PROGRESS).unlink()
     count = len(files) - 1
     log(f"seeded line {line.line!r} from the release line: {count} patches and the pin; kept its "
         f"resolutions/, proof record and report"
@@ -175,6 +192,75 @@ def seed_line(line, log=print) -> Seeded:
         + f"; the replaced files are in {line.rel(backup)}. Next: python -m tools.rebase bump"
         f"{line.line_flag} --onto {_onto_spec(backup / line.pin.name)}")
     return Seeded(count, kept, backup)
+
+
+SEED_MARKER, SEED_PURPOSE = "megatron-rebase-seed", "a seed's backup"
+IN_PROGRESS = "SEEDING"  # in the backup while a seed writes the line's files
+
+
+class _SavedStack:
+    """A killed seed's backup read as the line's own stack (``series`` and patch files)."""
+
+    def __init__(self, folder: Path):
+        self.patches, self.series = folder, folder / "series"
+
+
+def _killed_seed(backup: Path) -> bool:
+    """Whether a seed was killed while writing the line's files: its backup (one this tool made
+    here, ``git/owned.py``) still says it is in progress."""
+    return (backup.is_dir() and not backup.is_symlink() and is_marked(backup, SEED_MARKER, SEED_PURPOSE)
+            and (backup / IN_PROGRESS).is_file())
+
+
+def _left_by_the_killed_seed(line, backup: Path, files: dict, name: str) -> bool:
+    """Whether the line's patch file ``name`` is as a killed seed left it: its own (saved in the
+    backup), the release line's it was writing, or removed by it."""
+    path = line.patches / name
+    if not path.is_file() or path.is_symlink():
+        return not path.is_symlink()
+    now = read_nofollow(path)
+    saved = backup / name
+    return (name in files and now == files[name].encode()) or (
+        saved.is_file() and not saved.is_symlink() and now == read_nofollow(saved))
+
+
+def _save_line(line, backup: Path) -> None:
+    """Copy the line's series, patch files and pin into a new backup the tool marks as its own."""
+    makedirs(line.root, backup)
+    mark(backup, SEED_MARKER, SEED_PURPOSE)
+    old = sorted(line.patches.glob("*.patch")) if line.patches.is_dir() else []
+    for path in old + [line.series, line.pin]:
+        if path.is_file():
+            write_file(line.root, backup / path.name, read_nofollow(path))
+
+
+def seed_backup(layout) -> Path:
+    """Where ``seed`` saves the files it replaces."""
+    return layout.state_dir / "seed-backup"
+
+
+def seeded_away_files(layout, patch_name: str) -> set:
+    """The files the line's own version of ``patch_name`` changed before ``seed`` replaced it with
+    the release line's (from the seed's backup, which only ``seed --line`` writes, and the dry run
+    copies into its scratch checkout); empty for a checkout never seeded."""
+    return files_of_patch(seed_backup(layout), patch_name)
+
+
+def files_of_patch(folder: Path, patch_name: str) -> set:
+    """The files the patch file named ``patch_name`` in ``folder`` (a ``patches/`` or a seed's
+    backup) changes; empty when there is none (links and unreadable files are skipped)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return set()
+    for path in sorted(folder.glob("*.patch")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            patch = parse_patch(path)
+        except RebaseError:
+            continue
+        if patch.name == patch_name:
+            return set(patch.files)
+    return set()
 
 
 def _onto_spec(saved_pin: Path) -> str:
@@ -192,5 +278,7 @@ def _restore(line, backup: Path, files: dict) -> None:
         if name != "series" and not (backup / name).exists():
             (line.patches / name).unlink(missing_ok=True)
     for saved in backup.iterdir():
+        if saved.name in (IN_PROGRESS, SEED_MARKER, SEED_MARKER + STAMP_SUFFIX):
+            continue
         target = line.pin if saved.name == line.pin.name else line.patches / saved.name
         write_file(line.root, target, read_nofollow(saved))

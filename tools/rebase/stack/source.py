@@ -24,6 +24,7 @@ from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import SHORT_ID_HINT, cat_objects, expand_short_id, git, git_proc, is_short_id, rev_parse
 from tools.rebase.stack.pin import Pin
+from tools.rebase.git.owned import SDIST_PURPOSE, file_marker, is_marked_file, mark_file
 from tools.rebase.git.safefs import extract_tar, write_file
 
 UPSTREAM_NAME = "Upstream import"
@@ -107,11 +108,11 @@ def download_sdist(cache: Path, package: str, version: str, sha256: str = "", lo
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     target = sdist_path(cache, package, version)
-    if target.is_file() and not target.is_symlink():
+    if _cached(cache, target):
         return target
     makedirs(cache, target.parent)
     with key_locked(target.parent, target.name):  # another run filling the same entry: wait for it
-        if target.is_file() and not target.is_symlink():
+        if _cached(cache, target):
             return target
         for stale in target.parent.glob(f".{target.name}.*.part"):  # a killed holder's half file
             stale.unlink(missing_ok=True)
@@ -125,9 +126,33 @@ def download_sdist(cache: Path, package: str, version: str, sha256: str = "", lo
             raise RebaseError(f"could not download the sdist of {package}=={version} (expected sha256 "
                               f"{sha256 or 'any'}); nothing from it was run or cached:\n{exc}") from None
         os.replace(part, target)
+        mark_file(target, SDIST_PURPOSE)
     log(f"downloaded {target.name} ({size:,} bytes in {time.monotonic() - started:.1f} s, sha256 "
         f"verified) to {target}")
     return target
+
+
+def _named_by_environment(cache: Path) -> bool:
+    """Whether ``cache`` is the one ``FORK_REBASE_CACHE`` names: the machine's, trusted like the
+    environment. Any other (a checkout's own ``.rebase/cache``, the default) an unpacked archive or
+    a copied checkout can carry."""
+    named = os.environ.get("FORK_REBASE_CACHE")
+    return bool(named) and Path(named).resolve() == Path(cache).resolve()
+
+
+def _cached(cache: Path, target: Path) -> bool:
+    """Whether the sdist ``target`` is in the cache. In a checkout's own cache only an entry the
+    tool downloaded there counts (its marker, ``git/owned.py``): a carried one is refused, naming
+    it. A cache the environment names is the machine's, trusted like the environment."""
+    if not target.is_file() or target.is_symlink():
+        return False
+    if not _named_by_environment(cache) and not is_marked_file(target, SDIST_PURPOSE):
+        raise RebaseError(
+            f"{target}: a cached sdist the tool did not download here (no valid "
+            f"{file_marker(target).name} marker: carried by an unpacked archive or a copied checkout, "
+            f"or cached by an older version of the tool); nothing was read from it. Delete it to "
+            f"download the sdist again")
+    return True
 
 
 def fetch_verified_sdist(cache: Path, pin: Pin) -> Path:
@@ -237,11 +262,29 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
     else:
         real = fetch_git_commit(work, cache, pin.url, pin.commit)
         tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+        _refuse_links_in_package(work, tree, pin)
         when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
         message = f"Upstream {pin.url} at {pin.commit}\n\nref: {pin.ref or '(none)'}\n"
         commit = _commit_tree(work, tree, message, when)
     git("tag", "-f", tag, commit, cwd=work)
     return commit
+
+
+def _refuse_links_in_package(work: Path, tree: str, pin: Pin) -> None:
+    """A base whose ``megatron/`` holds a symlink or a submodule is refused, naming them: the
+    tool reads, patches and copies that tree as plain files (an sdist's are, by extraction), and a
+    link would point the copy, or a read, outside it. Links elsewhere in an upstream repository
+    (its agent and example folders) are not read."""
+    out = git("ls-tree", "-r", "-z", tree, "--", "megatron", cwd=work, binary=True)
+    bad = []
+    for record in out.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        if meta[:6] in (b"120000", b"160000"):
+            bad.append(path.decode("utf-8", "replace"))
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise RebaseError(f"the base {pin.url} at {pin.commit} holds a symlink or submodule under megatron/: "
+                          f"{shown}; the tool takes regular files only there, so nothing was imported")
 
 
 def _records(commit_object: bytes, pin: Pin) -> bool:
