@@ -88,7 +88,39 @@ def gpt(config: dict, forward: dict, seed: int = 1234):
     }
 
 
-SCENARIOS = {"gpt": gpt}
+def persistent_async_request(config: dict, forward: dict, seed: int = 1234):
+    """What MCore's persistent async-save queue (``config``: its keyword arguments) hands to its
+    worker for a request whose write buckets hold one tensor: the tensor and the preload step."""
+    from functools import partial
+
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
+
+    handed = []
+
+    class RecordingCaller:
+        def schedule_async_call(self, request):
+            handed.append(request)
+
+    calls = AsyncCallsQueue(persistent=True, **config)
+    calls._get_async_caller = RecordingCaller
+    tensor = torch.arange(6, dtype=torch.float32) + seed
+    buckets = [("file", "key", ([], [("item", tensor)]))]
+    preload = partial(list, buckets)
+    calls.schedule_async_request(AsyncRequest(print, (0, buckets, None), [], preload_fn=preload))
+    (request,) = handed
+    sent = request.async_fn_args[1][0][2][1][0][1]
+    return {
+        "outputs": {
+            "preload_fn_kept": request.preload_fn is preload,
+            "same_tensor": sent is tensor,
+            "sent": sent.clone(),
+        },
+        "grads": {},
+        "state_dict": {},
+    }
+
+
+SCENARIOS = {"gpt": gpt, "persistent_async_request": persistent_async_request}
 
 
 def main(specs_json: str, out: str) -> None:
