@@ -38,7 +38,10 @@ def _model(config):
     torch.manual_seed(3)
     spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
     mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
+    model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
+    # On a CUDA machine the routers move their gates to the current device even under CPU
+    # initialization; the rest of the model follows them there.
+    return model.to(_routers(model)[0].weight.device)
 
 
 def _step(model):
@@ -47,6 +50,9 @@ def _step(model):
     labels = torch.randint(0, VOCAB, (2, SEQ), generator=gen)
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(2, SEQ)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
+    device = _routers(model)[0].weight.device
+    inputs = (t.to(device) for t in (tokens, position_ids, mask, labels))
+    tokens, position_ids, mask, labels = inputs
     model(tokens, position_ids, mask, labels=labels).sum().backward()
 
 
