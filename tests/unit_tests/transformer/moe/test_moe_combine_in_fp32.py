@@ -13,6 +13,7 @@ import torch
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.test_utilities import Utils
 
 HIDDEN, EXPERTS, TOPK, SEQ, BATCH = 64, 8, 4, 32, 2
@@ -41,9 +42,9 @@ def _layer(dispatcher, flag=None, **extra):
     spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
     torch.manual_seed(21)
     layer = spec.submodules.mlp(config=config, layer_number=1)
-    # On a CUDA machine the router moves its gate to the current device even under CPU
-    # initialization; the rest of the layer follows it there.
-    return layer.to(layer.router.weight.device)
+    # On a CUDA machine the router moves its gate to the current device at its first gating call,
+    # CPU initialization or not; the whole layer goes there.
+    return layer.to(device())
 
 
 def _run(layer):
@@ -54,7 +55,7 @@ def _run(layer):
     )
     gen = torch.Generator().manual_seed(4)
     hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).bfloat16()
-    hidden = hidden.to(layer.router.weight.device).requires_grad_(True)
+    hidden = hidden.to(device()).requires_grad_(True)
     output, _ = layer(hidden)
     return hidden, output, seen
 

@@ -12,6 +12,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.test_utilities import Utils
 
 HIDDEN, EXPERTS = 512, 16
@@ -59,10 +60,10 @@ def _router(use_torch_mm, bias=False, **extra):
     return router
 
 
-def _hidden(router, dtype=torch.float32):
-    """Router input on the router's device: the router moves its weight to
-    ``torch.cuda.current_device()`` when it is built on a CUDA machine, CPU initialization or not."""
-    return torch.randn(8, 4, HIDDEN, device=router.weight.device).to(dtype)
+def _hidden(dtype=torch.float32):
+    """Router input on the router's device: on a CUDA machine the router moves its weight to
+    ``torch.cuda.current_device()`` at its first gating call, CPU initialization or not."""
+    return torch.randn(8, 4, HIDDEN, device=device()).to(dtype)
 
 
 def _reference(router, hidden):
@@ -85,7 +86,7 @@ class TestRouterUseTorchMM:
     def test_logits_within_fp32_rounding_of_float64(self, monkeypatch, bias):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
         router = _router(True, bias=bias)
-        hidden = _hidden(router)
+        hidden = _hidden()
         logits = router.gating(hidden)
         assert logits.dtype == torch.float32
         assert _relative_error(logits, _reference(router, hidden)) < FP32_BOUND
@@ -94,21 +95,21 @@ class TestRouterUseTorchMM:
     def test_te_gemm_without_it_has_tf32_level_error(self, monkeypatch, bias):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
         router = _router(False, bias=bias)
-        hidden = _hidden(router)
+        hidden = _hidden()
         logits = router.gating(hidden)
         assert _relative_error(logits, _reference(router, hidden)) > TF32_FLOOR
 
     def test_off_by_default(self, monkeypatch):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
         router = _router(None)
-        hidden = _hidden(router)
+        hidden = _hidden()
         assert router.config.moe_router_use_torch_mm is False
         assert _relative_error(router.gating(hidden), _reference(router, hidden)) > TF32_FLOOR
 
     def test_bf16_operands_give_exact_products_in_fp32(self):
         router = _router(True)
         router.weight.data = router.weight.data.bfloat16()
-        hidden = _hidden(router, torch.bfloat16)
+        hidden = _hidden(torch.bfloat16)
         logits = router.gating(hidden)
         assert logits.dtype == torch.float32
         assert _relative_error(logits, _reference(router, hidden)) < FP32_BOUND
@@ -116,8 +117,8 @@ class TestRouterUseTorchMM:
     def test_gradients_reach_input_and_weight_in_their_dtypes(self):
         router = _router(True)
         router.weight.data = router.weight.data.bfloat16()
-        hidden = _hidden(router, torch.bfloat16).requires_grad_(True)
-        upstream_grad = torch.randn(8, 4, EXPERTS, device=router.weight.device)
+        hidden = _hidden(torch.bfloat16).requires_grad_(True)
+        upstream_grad = torch.randn(8, 4, EXPERTS, device=device())
         router.gating(hidden).backward(upstream_grad)
         assert hidden.grad.dtype == torch.bfloat16 and router.weight.grad.dtype == torch.bfloat16
         expected_wgrad = upstream_grad.reshape(-1, EXPERTS).double().t() @ hidden.detach().reshape(
