@@ -55,10 +55,53 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _with_torch_norms(spec):
+    """``spec`` with every norm class that is not torch's own replaced by torch's
+    (``WrappedTorchNorm``): Transformer Engine's and Apex's fused norms have no float64 kernels."""
+    import dataclasses
+
+    from megatron.core.extensions.transformer_engine import TENorm
+    from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    fused = (TENorm, FusedLayerNorm)
+
+    def walk(node):
+        if isinstance(node, type):
+            return WrappedTorchNorm if node in fused else node
+        if isinstance(node, ModuleSpec):
+            return dataclasses.replace(node, module=walk(node.module), submodules=walk(node.submodules))
+        if dataclasses.is_dataclass(node):
+            fields = [f.name for f in dataclasses.fields(node) if f.init]
+            return dataclasses.replace(node, **{name: walk(getattr(node, name)) for name in fields})
+        if isinstance(node, (list, tuple)):
+            return type(node)(walk(item) for item in node)
+        return node
+
+    return walk(spec)
+
+
+def te_modules(model):
+    """Names of the modules of ``model`` that come from Transformer Engine or wrap it."""
+    prefixes = ("transformer_engine.", "megatron.core.extensions.transformer_engine")
+    return [
+        name or type(model).__name__
+        for name, module in model.named_modules()
+        if (type(module).__module__ + ".").startswith(prefixes)
+    ]
+
+
 def _model(args, dtype, fields):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlock,
+        TransformerBlockSubmodules,
+    )
 
     cfg = TransformerConfig(
         num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
@@ -71,10 +114,39 @@ def _model(args, dtype, fields):
     )  # fmt: skip
     spec = get_gpt_layer_local_spec(num_experts=args.experts, moe_grouped_gemm=False)
     mtp = get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False)
+    if dtype == torch.float64:
+        # The local layer spec still takes Apex's norm where Apex is installed, and the block's
+        # final norm is Transformer Engine's where TE is: neither runs in float64. The reference
+        # is built from torch's own modules only.
+        spec, mtp = _with_torch_norms(spec), _with_torch_norms(mtp)
+        spec = ModuleSpec(
+            module=TransformerBlock,
+            submodules=TransformerBlockSubmodules(
+                layer_specs=[spec] * args.layers, layer_norm=WrappedTorchNorm
+            ),
+        )
     model = GPTModel(cfg, spec, vocab_size=args.vocab, max_sequence_length=args.seq,
                      mtp_block_spec=mtp)  # fmt: skip
+    if dtype == torch.float64:
+        te = te_modules(model)
+        assert not te, f"the float64 reference holds Transformer Engine modules: {te}"
     # Megatron leaves a few parameters in fp32 for Float16Module to convert; convert them all.
     return model.to(device=args.device, dtype=dtype).eval()
+
+
+def _load_into_reference(reference, weights):
+    """Load the bf16 model's ``weights`` into the float64 reference. Where the bf16 model's final
+    norm is Transformer Engine's it also saves an ``_extra_state`` entry that torch's norm lacks;
+    every reference entry must come from ``weights``, and nothing else may be left over."""
+    wanted = reference.state_dict().keys()
+    missing = sorted(wanted - weights.keys())
+    extra = sorted(k for k in weights.keys() - wanted if not k.endswith("._extra_state"))
+    if missing or extra:
+        raise RuntimeError(
+            f"bf16 model and float64 reference differ: reference entries missing from the bf16 "
+            f"state dict {missing}, bf16 entries the reference has no place for {extra}"
+        )
+    reference.load_state_dict({k: weights[k] for k in wanted})
 
 
 def _batches(args):
@@ -99,7 +171,7 @@ def measure(args) -> dict:
     torch.manual_seed(args.seed)
     weights = _model(args, torch.bfloat16, {}).state_dict()
     reference = _model(args, torch.float64, {"moe_router_dtype": "fp64"})
-    reference.load_state_dict(weights)  # the same bf16 values, held in float64
+    _load_into_reference(reference, weights)  # the same bf16 values, held in float64
     batches = list(_batches(args))
     exact = [_logprobs(reference, t, l) for t, l in batches]
     figures = {}

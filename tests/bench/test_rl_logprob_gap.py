@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from bench import rl_logprob_gap
 
@@ -39,3 +40,60 @@ def test_fp32_options_do_not_widen_the_gap(figures):
         assert fig["mean"] <= 1.25 * default["mean"], name
         assert fig["max"] <= 1.5 * default["max"], name
 
+
+
+class _TENormStandIn(torch.nn.LayerNorm):
+    """Transformer Engine's norm as the bench meets it where TE is installed: the block's final
+    norm (``transformer_block.LayerNormImpl`` is ``TENorm`` then), an ``_extra_state`` entry in the
+    state dict, and no float64 kernel (TE's fused LayerNorm op raises ``KeyError: torch.float64``)."""
+
+    def __init__(self, config, hidden_size, eps=1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            raise KeyError(torch.float64)
+        return super().forward(x)
+
+    def get_extra_state(self):
+        return torch.zeros(1)
+
+    def set_extra_state(self, state):
+        pass
+
+
+_TENormStandIn.__module__ = "megatron.core.extensions.transformer_engine"
+
+
+@pytest.fixture
+def te_norm_installed(monkeypatch):
+    from megatron.core.extensions import transformer_engine
+    from megatron.core.transformer import transformer_block
+
+    monkeypatch.setattr(transformer_engine, "TENorm", _TENormStandIn)
+    monkeypatch.setattr(transformer_block, "LayerNormImpl", _TENormStandIn)
+
+
+def test_float64_reference_uses_torch_norms_where_te_norm_is_the_default(te_norm_installed):
+    from megatron.core import cpu_harness
+
+    args = rl_logprob_gap.parse_args(TINY.split() + ["--variants", "default"])
+    with cpu_harness.single_process(seed=args.seed):
+        bf16 = rl_logprob_gap._model(args, torch.bfloat16, {})
+        reference = rl_logprob_gap._model(args, torch.float64, {"moe_router_dtype": "fp64"})
+        figures = rl_logprob_gap.measure(args)
+    # The stand-in is in effect: the bf16 model takes it as its final norm ...
+    assert isinstance(bf16.decoder.final_layernorm, _TENormStandIn)
+    assert rl_logprob_gap.te_modules(bf16)
+    # ... and the reference never does.
+    assert rl_logprob_gap.te_modules(reference) == []
+    norms = [m for m in reference.modules() if "norm" in type(m).__name__.lower()]
+    assert norms and all(type(m) in (torch.nn.LayerNorm, torch.nn.RMSNorm) for m in norms), norms
+    assert math.isfinite(figures["default"]["max"]) and figures["default"]["max"] < 0.1
+
+
+def test_reference_load_names_what_does_not_match():
+    ref = torch.nn.Linear(2, 2)
+    weights = {"weight": torch.zeros(2, 2), "scale": torch.zeros(1)}
+    with pytest.raises(RuntimeError, match=r"missing from the bf16 state dict \['bias'\].*\['scale'\]"):
+        rl_logprob_gap._load_into_reference(ref, weights)

@@ -11,7 +11,10 @@ installed when CUDA is present.
 Where the bases differ (upstream ``main``), two more corners: ``is_inference_column_parallel_linear``
 (called when an MTP layer is built) tests ``isinstance`` against Transformer Engine classes, which are
 not types without Transformer Engine; and upstream's own mHC layer opens ``torch.cuda.nvtx`` ranges,
-which raise without CUDA. Both get no-op stand-ins, only when the name exists.
+which raise without CUDA. Both get no-op stand-ins, only when the name exists. Upstream ``dev``'s
+point-to-point pipeline communication asks ``torch.cuda.is_current_stream_capturing()`` after a
+batched send/receive; a CPU-only torch raises there, and without CUDA no stream can be capturing,
+so the stand-in answers False.
 """
 
 import torch
@@ -56,6 +59,7 @@ def install() -> bool:
     torch.cuda.manual_seed = _manual_seed
     torch.cuda.manual_seed_all = _manual_seed
     torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.is_current_stream_capturing = lambda: False
     from megatron.core.tensor_parallel import random as mp_random
 
     mp_random._get_cuda_rng_state = _get_state

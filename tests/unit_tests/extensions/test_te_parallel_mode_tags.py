@@ -168,8 +168,14 @@ class TestTELinearParallelModeTagsStandIn:
         layer = build(te_ext, kind, tiny_config(), is_expert=True, bias=bias)
         expected = {"weight": kind, "bias": kind} if bias else {"weight": kind}
         assert tags(layer) == expected
-        # The expert branch still sets its usual attributes alongside the tag.
-        assert layer.weight.tensor_model_parallel is True
+        # The expert branch still sets its usual attributes alongside the tag: allreduce (False
+        # selects the expert data-parallel group) on every base ...
+        assert all(isinstance(getattr(p, "allreduce", None), bool) for p in layer.parameters())
+        # ... and, where the base marks expert weights as tensor-parallel shards through its
+        # helper (0.19.2's _set_expert_parameter_attributes), that mark too. Upstream dev's
+        # TELinear sets only allreduce on expert parameters, so there is no mark to keep.
+        if hasattr(te_ext, "_set_expert_parameter_attributes"):
+            assert layer.weight.tensor_model_parallel is True
 
     @pytest.mark.parametrize("cpu_init", [True, False])
     @pytest.mark.parametrize("bias", [True, False])
@@ -181,6 +187,12 @@ class TestTELinearParallelModeTagsStandIn:
         assert tags(layer) == layernorm_column_tags(bias)
 
     def test_expert_helper_tags_numbered_grouped_parameters(self, te_ext):
+        if not hasattr(te_ext, "_set_expert_parameter_attributes"):
+            pytest.skip(
+                "this base has no _set_expert_parameter_attributes (upstream dev sets expert "
+                "attributes inline in TELinear and TEGroupedLinear); grouped linears are checked "
+                "with real Transformer Engine in TestTELinearParallelModeTagsRealTE"
+            )
         module = torch.nn.Module()
         for i in range(2):
             module.register_parameter(f"weight{i}", torch.nn.Parameter(torch.zeros(2, 2)))

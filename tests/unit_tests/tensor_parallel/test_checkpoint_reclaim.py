@@ -7,6 +7,7 @@ where the MTP checkpoint's input aliases the decoder multistream that the decode
 still reads; the last test shows that rule crashing or corrupting in a subprocess.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from megatron.core import tensor_parallel
+from megatron.core.transformer import TransformerConfig
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
     causal_batch,
@@ -25,6 +27,15 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
 from tests.unit_tests.test_utilities import Utils
 
 REPO = Path(__file__).resolve().parents[3]
+# The release line's own mHC (patch mhc-hyper-connections). The upstream-dev line drops that patch
+# for dev's mHC (enable_hyper_connections), where the same reclaim cases are
+# tests/unit_tests/transformer/test_dev_mhc_line.py::TestReclaimWithDevMHC.
+FORK_MHC = "enable_mhc_connections" in {f.name for f in dataclasses.fields(TransformerConfig)}
+needs_fork_mhc = pytest.mark.skipif(
+    not FORK_MHC,
+    reason="no fork mHC (enable_mhc_connections) on this base: the upstream-dev line uses dev's "
+    "mHC; see test_dev_mhc_line.py::TestReclaimWithDevMHC",
+)
 RECOMPUTE = dict(
     recompute_granularity="full",
     recompute_method="uniform",
@@ -224,6 +235,7 @@ class TestReclaimInModels:
             torch.testing.assert_close(g_on[name], g_off[name], rtol=0, atol=0, msg=name)
 
     @pytest.mark.slow
+    @needs_fork_mhc
     def test_mhc_mtp_full_recompute_flag_on(self):
         mhc = dict(enable_mhc_connections=True, mhc_num_residual_streams=2)
         off, _, _ = self._run(False, **mhc)
@@ -296,6 +308,7 @@ _NAIVE_SCRIPT = textwrap.dedent(
 
 class TestNaiveRuleIsUnsafe:
     @pytest.mark.slow
+    @needs_fork_mhc
     def test_freeing_every_input_crashes_or_corrupts_mhc_mtp(self):
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
@@ -312,6 +325,8 @@ class TestNaiveRuleIsUnsafe:
         assert proc.returncode != 0, f"the naive rule ran cleanly with mHC + MTP:\n{tail}"
         # A tree that refuses mHC with MTP or full recompute shows nothing about the rule.
         assert "does not support" not in tail, tail
+        # Nor does a config the tree does not know (a failure to build, not the rule).
+        assert "unexpected keyword argument" not in tail, tail
 
 
 def _gpu_run(reclaim, steps, state=None, **overrides):
@@ -339,7 +354,9 @@ class TestReclaimOnGPU:  # the lead runs these on the H200
     def teardown_method(self, method):
         Utils.destroy_model_parallel()
 
-    @pytest.mark.parametrize("mhc", [False, True], ids=["moe_mtp", "mhc_moe_mtp"])
+    @pytest.mark.parametrize(
+        "mhc", [False, pytest.param(True, marks=needs_fork_mhc)], ids=["moe_mtp", "mhc_moe_mtp"]
+    )
     def test_flag_on_equals_off_and_reports_memory(self, mhc):
         extra = dict(enable_mhc_connections=True, mhc_num_residual_streams=4) if mhc else {}
         off, off_now, off_peak = _gpu_run(False, 3, **extra)

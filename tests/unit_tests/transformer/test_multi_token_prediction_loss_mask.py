@@ -7,6 +7,8 @@ and no label or mask crosses a ``cu_seqlens`` boundary. A mask of another shape 
 a response-only mask handed to a packed batch) is an error.
 """
 
+import inspect
+
 import pytest
 import torch
 
@@ -84,6 +86,24 @@ def _expected(loss_mask, seq_of, depth):
     return mask, source
 
 
+def _roll_once(tensor, packed_seq_params):
+    """One per-sequence roll by -1 through the base's own roll_tensor.
+
+    megatron-core 0.19.2 takes one tensor and returns ``(rolled, sum)``; upstream dev takes a list
+    of tensors rolled together and returns the list of rolled tensors.
+    """
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    first = next(iter(inspect.signature(roll_tensor).parameters))
+    if first not in ("tensor", "tensors"):
+        raise TypeError(f"roll_tensor's first parameter is {first!r}: neither 0.19.2's nor dev's form")
+    if first == "tensors":
+        (rolled,) = roll_tensor([tensor], packed_seq_params=packed_seq_params)
+        return rolled
+    rolled, _ = roll_tensor(tensor, packed_seq_params=packed_seq_params)
+    return rolled
+
+
 class TestMTPLossMaskContract:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
@@ -152,10 +172,8 @@ class TestMTPLossMaskContract:
         config = deterministic_config(hidden_size=HIDDEN, mtp_num_layers=1)
         total = input_ids.shape[-1]
         hidden = torch.randn(2 * total, 1, HIDDEN, requires_grad=True)
-        from megatron.core.transformer.multi_token_prediction import roll_tensor
-
-        labels, _ = roll_tensor(input_ids, packed_seq_params=params)
-        label_mask, _ = roll_tensor(loss_mask, packed_seq_params=params)
+        labels = _roll_once(input_ids, params)
+        label_mask = _roll_once(loss_mask, params)
         derived = _RecordingLoss()
         explicit = _RecordingLoss()
         common = dict(

@@ -13,6 +13,7 @@ import torch
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.test_utilities import Utils
 
 HIDDEN, EXPERTS, TOPK, SEQ, BATCH = 64, 8, 4, 32, 2
@@ -40,7 +41,10 @@ def _layer(dispatcher, flag=None, **extra):
     )
     spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
     torch.manual_seed(21)
-    return spec.submodules.mlp(config=config, layer_number=1)
+    layer = spec.submodules.mlp(config=config, layer_number=1)
+    # On a CUDA machine the router moves its gate to the current device at its first gating call,
+    # CPU initialization or not; the whole layer goes there.
+    return layer.to(device())
 
 
 def _run(layer):
@@ -50,7 +54,8 @@ def _run(layer):
         lambda m, a, out: seen.update(expert_probs=a[2], expert_out=out[0])
     )
     gen = torch.Generator().manual_seed(4)
-    hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).bfloat16().requires_grad_(True)
+    hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).bfloat16()
+    hidden = hidden.to(device()).requires_grad_(True)
     output, _ = layer(hidden)
     return hidden, output, seen
 
@@ -62,7 +67,7 @@ def _reference(seen):
     tokens = routing_map.T.nonzero()[:, 1]
     experts = routing_map.T.nonzero()[:, 0]
     weights = probs.double()[tokens, experts].unsqueeze(-1)
-    ref = torch.zeros(probs.shape[0], expert_out.shape[-1], dtype=torch.float64)
+    ref = torch.zeros(probs.shape[0], expert_out.shape[-1], dtype=torch.float64, device=probs.device)
     return ref.index_add_(0, tokens, expert_out.double() * weights)
 
 

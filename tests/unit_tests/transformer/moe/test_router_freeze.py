@@ -12,6 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, g
 from megatron.core.optimizer import OptimizerConfig, _get_param_groups
 from megatron.core.transformer.moe.router import Router
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.test_utilities import Utils
 
 SEQ, VOCAB = 16, 64
@@ -38,7 +39,10 @@ def _model(config):
     torch.manual_seed(3)
     spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
     mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
+    model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
+    # On a CUDA machine the routers move their gates to the current device at their first gating
+    # call, CPU initialization or not; the whole model goes there.
+    return model.to(device())
 
 
 def _step(model):
@@ -47,6 +51,7 @@ def _step(model):
     labels = torch.randint(0, VOCAB, (2, SEQ), generator=gen)
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(2, SEQ)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
+    tokens, position_ids, mask, labels = (t.to(device()) for t in (tokens, position_ids, mask, labels))
     model(tokens, position_ids, mask, labels=labels).sum().backward()
 
 

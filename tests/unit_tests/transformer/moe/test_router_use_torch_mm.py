@@ -12,6 +12,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.test_utilities import Utils
 
 HIDDEN, EXPERTS = 512, 16
@@ -59,6 +60,12 @@ def _router(use_torch_mm, bias=False, **extra):
     return router
 
 
+def _hidden(dtype=torch.float32):
+    """Router input on the router's device: on a CUDA machine the router moves its weight to
+    ``torch.cuda.current_device()`` at its first gating call, CPU initialization or not."""
+    return torch.randn(8, 4, HIDDEN, device=device()).to(dtype)
+
+
 def _reference(router, hidden):
     out = hidden.double() @ router.weight.double().t()
     return out if router.bias is None else out + router.bias.double()
@@ -78,8 +85,8 @@ class TestRouterUseTorchMM:
     @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
     def test_logits_within_fp32_rounding_of_float64(self, monkeypatch, bias):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
-        hidden = torch.randn(8, 4, HIDDEN)
         router = _router(True, bias=bias)
+        hidden = _hidden()
         logits = router.gating(hidden)
         assert logits.dtype == torch.float32
         assert _relative_error(logits, _reference(router, hidden)) < FP32_BOUND
@@ -87,31 +94,31 @@ class TestRouterUseTorchMM:
     @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
     def test_te_gemm_without_it_has_tf32_level_error(self, monkeypatch, bias):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
-        hidden = torch.randn(8, 4, HIDDEN)
         router = _router(False, bias=bias)
+        hidden = _hidden()
         logits = router.gating(hidden)
         assert _relative_error(logits, _reference(router, hidden)) > TF32_FLOOR
 
     def test_off_by_default(self, monkeypatch):
         monkeypatch.setattr(moe_utils, "te_general_gemm", _te_gemm_stand_in)
-        hidden = torch.randn(8, 4, HIDDEN)
         router = _router(None)
+        hidden = _hidden()
         assert router.config.moe_router_use_torch_mm is False
         assert _relative_error(router.gating(hidden), _reference(router, hidden)) > TF32_FLOOR
 
     def test_bf16_operands_give_exact_products_in_fp32(self):
-        hidden = torch.randn(8, 4, HIDDEN).bfloat16()
         router = _router(True)
         router.weight.data = router.weight.data.bfloat16()
+        hidden = _hidden(torch.bfloat16)
         logits = router.gating(hidden)
         assert logits.dtype == torch.float32
         assert _relative_error(logits, _reference(router, hidden)) < FP32_BOUND
 
     def test_gradients_reach_input_and_weight_in_their_dtypes(self):
-        hidden = torch.randn(8, 4, HIDDEN).bfloat16().requires_grad_(True)
         router = _router(True)
         router.weight.data = router.weight.data.bfloat16()
-        upstream_grad = torch.randn(8, 4, EXPERTS)
+        hidden = _hidden(torch.bfloat16).requires_grad_(True)
+        upstream_grad = torch.randn(8, 4, EXPERTS, device=device())
         router.gating(hidden).backward(upstream_grad)
         assert hidden.grad.dtype == torch.bfloat16 and router.weight.grad.dtype == torch.bfloat16
         expected_wgrad = upstream_grad.reshape(-1, EXPERTS).double().t() @ hidden.detach().reshape(
