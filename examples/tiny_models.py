@@ -43,6 +43,11 @@ def moe_config(**overrides) -> TransformerConfig:
         use_cpu_initialization=True,
     )
     fields.update(overrides)
+    # Set explicitly what upstream would fill in with a UserWarning on every config: the experts'
+    # width (upstream falls back to ffn_hidden_size, 4x hidden) and the CUDA-graph modules
+    # (upstream's default "full" is deprecated there; with CUDA graphs off neither matters).
+    fields.setdefault("moe_ffn_hidden_size", fields.get("ffn_hidden_size") or 4 * fields["hidden_size"])
+    fields.setdefault("cuda_graph_modules", [])
     return TransformerConfig(**fields)
 
 
