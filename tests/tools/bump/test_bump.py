@@ -23,11 +23,6 @@ A, B, G, D = ("megatron/core/alpha.py", "megatron/core/beta.py", "megatron/core/
               "megatron/core/delta.py")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
 
 def no_runner(layout, name, ids):
     raise AssertionError(f"tests of {name} should not run")

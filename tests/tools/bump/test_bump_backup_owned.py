@@ -12,11 +12,6 @@ from tools.rebase.errors import RebaseError
 from tools.rebase.git.paths import Layout
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-
-
 def test_a_bump_backup_unpacked_from_an_archive_is_refused_and_nothing_is_restored(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK)

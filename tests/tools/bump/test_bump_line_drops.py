@@ -10,7 +10,17 @@ import shutil
 
 import pytest
 
-from tests.tools.bumpkit import add_line, make_fork, quiet, replace_line, sh
+from tests.tools.bumpkit import (
+    A,
+    B,
+    TWO_PATCH_STACK,
+    add_line,
+    all_tests_pass,
+    make_fork,
+    quiet,
+    replace_line,
+    sh,
+)
 from tools.rebase.bump.bump import Stopped, bump, bump_continue
 from tools.rebase.errors import RebaseError
 from tools.rebase.proof.check import check_without_base
@@ -19,21 +29,11 @@ from tools.rebase.stack.seed import seed_line
 from tools.rebase.stack.series import parse_patch, read_series
 from tools.rebase.stack.workrepo import apply
 
-A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
-STACK = [
-    ("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")}),
-    ("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")}),
-]
+STACK = TWO_PATCH_STACK
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
-
-def no_tests(layout, name, ids):
-    return {i: "passed" for i in ids}
+no_tests = all_tests_pass
 
 
 def line_that_dropped_beta(tmp_path):

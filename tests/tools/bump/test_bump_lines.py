@@ -6,27 +6,28 @@ import shutil
 
 import pytest
 
-from tests.tools.bumpkit import add_line, make_fork, quiet, replace_line, resolve_conflict, sh
+from tests.tools.bumpkit import (
+    A,
+    B,
+    TWO_PATCH_STACK,
+    add_line,
+    all_tests_pass,
+    make_fork,
+    quiet,
+    replace_line,
+    resolve_conflict,
+    sh,
+)
 from tools.rebase.bump import forecast
 from tools.rebase.bump.bump import Stopped, bump, bump_continue
 from tools.rebase.cli import main
 from tools.rebase.proof.check import check
 
-A, B = "megatron/core/alpha.py", "megatron/core/beta.py"
-STACK = [
-    ("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")}),
-    ("tweak-beta", {B: replace_line("beta line 5\n", "beta line 5 fork\n")}),
-]
+STACK = TWO_PATCH_STACK
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORK_REBASE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
-
-def passing(layout, name, ids):
-    return {i: "passed" for i in ids}
+passing = all_tests_pass
 
 
 def fork_with_line_ahead(tmp_path, alpha_conflict=False):

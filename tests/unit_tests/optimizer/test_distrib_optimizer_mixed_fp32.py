@@ -20,6 +20,7 @@ from megatron.core.transformer.moe.router import Router
 from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
 from tests.unit_tests.optimizer import distopt_cpu
+from tests.unit_tests.optimizer.test_distrib_optimizer_dp_reshardable import local_optimizer_shards
 from tests.unit_tests.test_utilities import Utils, run_distributed
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -53,16 +54,9 @@ def build(seed, offload=False):
 def shards(model, optimizer):
     """(name, model param, start, end, state) for every local shard, state read the way
     checkpointing reads it."""
-    names = {p: n for n, p in model.named_parameters()}
-    for dist_opt in optimizer.chained_optimizers:
-        for gbuf_range_maps in dist_opt.gbuf_ranges:
-            for buckets in gbuf_range_maps.values():
-                for bucket in buckets:
-                    for param, range_map in bucket["param_map"].items():
-                        state = dist_opt._get_main_param_and_optimizer_states(param)
-                        state = {k: v for k, v in state.items() if k != "step"}
-                        rng = range_map["param"]
-                        yield names[param], param, rng.start, rng.end, state
+    params = dict(model.named_parameters())
+    for name, start, end, state in local_optimizer_shards(model, optimizer):
+        yield name, params[name], start, end, state
 
 
 def assert_each_entry_is_its_own(model, optimizer):
