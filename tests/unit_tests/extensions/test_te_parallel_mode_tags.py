@@ -63,18 +63,39 @@ class StandInTELayerNormLinear(StandInTELinear):
         self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, dtype=dtype))
 
 
-@pytest.fixture
-def te_ext(monkeypatch):
-    """The real transformer_engine extension module, built on a fake TE package."""
+class StandInTEGroupedLinear(torch.nn.Module):
+    """te.pytorch.GroupedLinear as TEGroupedLinear.__init__ sees it: one numbered weight (and
+    bias) per local expert. Megatron hands it parallel_mode=None when it does the expert
+    communication itself, which is how the MoE layers build it."""
+
+    def __init__(self, num_gemms, in_features, out_features, *, bias=True, parallel_mode=None,
+                 params_dtype=torch.float32, init_method=None, **kwargs):
+        super().__init__()
+        self.parallel_mode = parallel_mode
+        self.num_gemms = num_gemms
+        for i in range(num_gemms):
+            weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype))
+            if init_method is not None:
+                init_method(weight)
+            self.register_parameter(f"weight{i}", weight)
+            if bias:
+                self.register_parameter(
+                    f"bias{i}", torch.nn.Parameter(torch.zeros(out_features, dtype=params_dtype))
+                )
+
+
+def load_extension_on_fake_te(monkeypatch, version):
+    """Load the real extension module's source under a private name, on a fake TE of ``version``."""
     fake_te = MagicMock(name="transformer_engine")
-    fake_te.__version__ = "0.0.0"
+    fake_te.__version__ = version
     fake_te.pytorch.Linear = StandInTELinear
     fake_te.pytorch.LayerNormLinear = StandInTELayerNormLinear
+    fake_te.pytorch.GroupedLinear = StandInTEGroupedLinear
     monkeypatch.setitem(sys.modules, "transformer_engine", fake_te)
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", fake_te.pytorch)
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.fp8", fake_te.pytorch.fp8)
     # Keep the process-wide TE version cache consistent and restore it afterwards.
-    monkeypatch.setattr(mcore_utils, "_te_version", Version("0.0.0"))
+    monkeypatch.setattr(mcore_utils, "_te_version", Version(version))
     origin = importlib.util.find_spec(TE_EXTENSION).origin
     name = "_te_extension_with_stand_in_te"
     spec = importlib.util.spec_from_file_location(name, origin)
@@ -83,6 +104,21 @@ def te_ext(monkeypatch):
     spec.loader.exec_module(module)
     assert module.HAVE_TE and issubclass(module.TELinear, StandInTELinear)
     assert issubclass(module.TELayerNormColumnParallelLinear, StandInTELayerNormLinear)
+    return module
+
+
+@pytest.fixture
+def te_ext(monkeypatch):
+    """The real transformer_engine extension module, built on a fake TE package."""
+    return load_extension_on_fake_te(monkeypatch, "0.0.0")
+
+
+@pytest.fixture
+def te_ext_grouped(monkeypatch):
+    """The same on a fake TE new enough (1.9) that the module defines its grouped linears, and
+    old enough that none of the optional 2.x paths of their constructors run."""
+    module = load_extension_on_fake_te(monkeypatch, "1.9.0")
+    assert issubclass(module.TEColumnParallelGroupedLinear, StandInTEGroupedLinear)
     return module
 
 
@@ -200,6 +236,29 @@ class TestTELinearParallelModeTagsStandIn:
         te_ext._set_expert_parameter_attributes(module, "row", use_expert_pgs=True)
         assert set(tags(module).values()) == {"row"}
         assert len(tags(module)) == 4
+
+    @pytest.mark.parametrize("kind", ["column", "row"])
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_grouped_linear_modes(self, te_ext_grouped, kind, bias):
+        """The MoE experts' grouped linears: every numbered weight and bias carries the mode
+        the layer was built with, not the None that Megatron hands to TE."""
+        cls = {
+            "column": te_ext_grouped.TEColumnParallelGroupedLinear,
+            "row": te_ext_grouped.TERowParallelGroupedLinear,
+        }[kind]
+        layer = cls(
+            2,
+            32,
+            16,
+            config=tiny_config(moe_grouped_gemm=True),
+            init_method=torch.nn.init.normal_,
+            bias=bias,
+            skip_bias_add=False,
+            is_expert=True,
+        )
+        names = {"weight0", "weight1"} | ({"bias0", "bias1"} if bias else set())
+        assert tags(layer) == {name: kind for name in names}
+        assert all(p.allreduce is True for p in layer.parameters())  # no expert parallelism
 
 
 @pytest.mark.gpu
