@@ -10,8 +10,9 @@ On this line: verl's ``patch_postprocess`` runs (same logits, the MTP layer trai
 is refused by name; a copy that drops the multistream fails with an error naming it; verl's
 recompute backward gives the gradients of the unpatched backward and never frees the multistream.
 
-CPU, local (non-TE) specs, ``use_fused_mhc=False``; the ``True`` cases need dev's Triton kernels on
-a GPU and skip on CPU. Skips where dev's mHC is absent (the release and upstream-main lines) or
+Three setups: local (non-TE) specs with ``use_fused_mhc=False`` on the CPU; on a GPU, local specs
+and dev's Transformer Engine spec, both with ``use_fused_mhc=True`` (dev's Triton kernels); the GPU
+setups skip on CPU, the TE one also without Transformer Engine. Skips where dev's mHC is absent (the release and upstream-main lines) or
 verl is not installed (tests/integration/install_clients.sh).
 """
 
@@ -30,9 +31,27 @@ pytestmark = [
     pytest.mark.usefixtures("harness"),
 ]
 
-FUSED = [
-    False,
-    pytest.param(True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="dev's fused mHC needs a GPU")),
+def _have_te():
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+_NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="dev's fused mHC needs a GPU")
+SETUPS = [
+    pytest.param("cpu", id="local-cpu"),
+    pytest.param("gpu", id="local-fused-gpu", marks=[_NO_GPU, pytest.mark.gpu]),
+    pytest.param(
+        "te",
+        id="te-fused-gpu",
+        marks=[
+            _NO_GPU,
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _have_te(), reason="needs Transformer Engine"),
+        ],
+    ),
 ]
 RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 
@@ -46,28 +65,40 @@ def _cpu_streams(monkeypatch):
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
 
 
-def _model(fused, **overrides):
+def _model(setup, **overrides):
     from tests.unit_tests.transformer.test_dev_mhc_line import flatten_stream_projection
     from tests.unit_tests.transformer.test_dev_mhc_multistream import dev_mhc_mtp_model
 
-    model = dev_mhc_mtp_model(use_fused_mhc=fused, **overrides)
-    flatten_stream_projection(model)  # local linear only: see that helper
-    if fused:
+    te = setup == "te"
+    model = dev_mhc_mtp_model(te=te, use_fused_mhc=setup != "cpu", **overrides)
+    if not te:
+        flatten_stream_projection(model)  # local linear only: see that helper
+    if setup != "cpu":
         model.cuda()
     return model
 
 
-def _batch(fused):
+def _batch(setup):
     from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import causal_batch
 
-    return [t.cuda() if fused else t for t in causal_batch()]
+    return [t if setup == "cpu" else t.cuda() for t in causal_batch()]
 
 
-@pytest.mark.parametrize("fused", FUSED)
-def test_patch_postprocess_runs_and_refuses_compute_mtp_false(fused):
+def _assert_same_grads(grads, expected, setup):
+    """Bit-equal on the CPU; on a GPU within float32 rounding, since kernels may reduce in
+    another order between runs (a backward that read freed storage is off by far more)."""
+    exact = setup == "cpu"
+    for name in expected:
+        torch.testing.assert_close(
+            grads[name], expected[name], rtol=0 if exact else 1e-4, atol=0 if exact else 1e-6, msg=name
+        )
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_patch_postprocess_runs_and_refuses_compute_mtp_false(setup):
     mtp_patch = verl_module("verl.models.mcore.mtp_patch")
-    model = _model(fused)
-    tokens, positions, mask = _batch(fused)
+    model = _model(setup)
+    tokens, positions, mask = _batch(setup)
     logits = model(tokens, positions, mask)
 
     mtp_patch.patch_postprocess(model)  # what verl does with mtp.enable
@@ -84,12 +115,12 @@ def test_patch_postprocess_runs_and_refuses_compute_mtp_false(fused):
     assert item.replacement == "verl.models.mcore.mtp_patch._megatron_gptmodel_postprocess"
 
 
-@pytest.mark.parametrize("fused", FUSED)
-def test_a_postprocess_that_drops_the_multistream_is_a_named_error(fused):
+@pytest.mark.parametrize("setup", SETUPS)
+def test_a_postprocess_that_drops_the_multistream_is_a_named_error(setup):
     """verl's own function called the way a copy written before dev's contract calls it."""
     mtp_patch = verl_module("verl.models.mcore.mtp_patch")
-    model = _model(fused)
-    tokens, positions, mask = _batch(fused)
+    model = _model(setup)
+    tokens, positions, mask = _batch(setup)
 
     def older(*args, mhc_multistream=None, **kwargs):
         return mtp_patch._megatron_gptmodel_postprocess(model, *args, **kwargs)
@@ -100,7 +131,7 @@ def test_a_postprocess_that_drops_the_multistream_is_a_named_error(fused):
     assert "MultiTokenPredictionBlock.forward" in str(err.value)
 
 
-def _recompute_step(model, fused):
+def _recompute_step(model, setup):
     """One training step under full recompute; (grads, multistream, MTP layer input, chunk inputs)."""
     seen, chunk_inputs = {}, {}
 
@@ -118,22 +149,22 @@ def _recompute_step(model, fused):
             lambda m, a, kw, idx=idx: keep(chunk_inputs, idx, kw["hidden_states"]), with_kwargs=True
         )
     model.train()
-    tokens, positions, mask = _batch(fused)
+    tokens, positions, mask = _batch(setup)
     model(tokens, positions, mask, labels=tokens).mean().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return grads, seen["multistream"], seen["mtp_input"], chunk_inputs
 
 
-@pytest.mark.parametrize("fused", FUSED)
-def test_recompute_backward_never_frees_the_multistream(fused):
+@pytest.mark.parametrize("setup", SETUPS)
+def test_recompute_backward_never_frees_the_multistream(setup):
     patch = verl_module("verl.models.mcore.patch")
-    reference = _model(fused, **RECOMPUTE)
-    expected, _, _, _ = _recompute_step(reference, fused)
+    reference = _model(setup, **RECOMPUTE)
+    expected, _, _, _ = _recompute_step(reference, setup)
 
     patch.apply_patch_megatron_recomputation_backward()  # verl applies it on every CUDA run
-    model = _model(fused, **RECOMPUTE)
+    model = _model(setup, **RECOMPUTE)
     model.load_state_dict(reference.state_dict())
-    grads, multistream, mtp_input, chunk_inputs = _recompute_step(model, fused)
+    grads, multistream, mtp_input, chunk_inputs = _recompute_step(model, setup)
 
     # The hazard is there: the MTP layer's checkpoint input shares the multistream's storage,
     # and verl's backward did free checkpoint inputs (the decoder's second chunk's).
@@ -142,5 +173,4 @@ def test_recompute_backward_never_frees_the_multistream(fused):
     assert multistream.untyped_storage().nbytes() > 0, "the multistream must never be freed"
     assert grads.keys() == expected.keys()
     assert any(name.startswith("mtp.") for name in grads)
-    for name in expected:
-        torch.testing.assert_close(grads[name], expected[name], rtol=0, atol=0, msg=name)
+    _assert_same_grads(grads, expected, setup)

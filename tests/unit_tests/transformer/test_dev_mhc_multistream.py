@@ -23,11 +23,13 @@ pytestmark = pytest.mark.skipif(
 N = 2
 
 
-def dev_mhc_mtp_model(**overrides):
-    """A tiny dense GPT with dev's mHC layers (local spec) and one MTP layer."""
+def dev_mhc_mtp_model(te=False, **overrides):
+    """A tiny dense GPT with dev's mHC layers and one MTP layer: local spec, or with ``te``
+    dev's Transformer Engine spec (its HyperConnectionTransformerLayer over TE linears)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
         get_gpt_mtp_block_spec,
     )
 
@@ -40,8 +42,9 @@ def dev_mhc_mtp_model(**overrides):
     )
     values.update(overrides)
     config = tiny_moe_mtp_config(**values)
-    spec = get_gpt_layer_local_spec(enable_hyper_connection=True)
-    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+    make_spec = get_gpt_layer_with_transformer_engine_spec if te else get_gpt_layer_local_spec
+    spec = make_spec(enable_hyper_connection=True)
+    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=te)
     torch.manual_seed(0)
     return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec)
 
