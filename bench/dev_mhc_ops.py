@@ -90,6 +90,10 @@ def main():
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 4096])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--hbm-gbs", type=float, default=4800.0, help="HBM bandwidth for 'ideal ms' (H200: 4800)")
+    p.add_argument(
+        "--proj-blocks", type=int, nargs=6, metavar=("FWD_BT", "FWD_BK", "FWD_WARPS", "BWD_BT", "BWD_BK", "BWD_WARPS"),
+        help="time the projection kernels with these block sizes (powers of two >= 16) and warps instead of the module's",
+    )  # fmt: skip
     args = p.parse_args()
     sys.path.insert(0, args.root)
     import torch
@@ -99,7 +103,19 @@ def main():
     from megatron.core.transformer import hyper_connection_fused as fk
     from megatron.core.fusions import fused_mhc_kernels as dk
 
-    print(f"backends: {dk._mhc_backend_selection()}")
+    if args.proj_blocks:
+        sizes = args.proj_blocks[:2] + args.proj_blocks[3:5]
+        if any(v <= 0 or v & (v - 1) for v in args.proj_blocks) or min(sizes) < 16:
+            raise SystemExit(
+                f"dev_mhc_ops: --proj-blocks takes powers of two, block sizes >= 16 (tl.dot), got {args.proj_blocks}"
+            )
+        names = ("_PROJ_FWD_BT", "_PROJ_FWD_BK", "_PROJ_FWD_WARPS", "_PROJ_BWD_BT", "_PROJ_BWD_BK", "_PROJ_BWD_WARPS")
+        for name, value in zip(names, args.proj_blocks):
+            if not hasattr(fk, name):
+                raise SystemExit(f"dev_mhc_ops: --proj-blocks: {args.root} has no {name} (no projection kernel)")
+            setattr(fk, name, value)
+    blocks = [getattr(fk, f"_PROJ_{k}", None) for k in ("FWD_BT", "FWD_BK", "FWD_WARPS", "BWD_BT", "BWD_BK", "BWD_WARPS")]
+    print(f"backends: {dk._mhc_backend_selection()}; projection blocks fwd/bwd (BT, BK, warps): {blocks}")
     head = f"{'op':<22}{'hidden':>7}{'path':>14}{'fwd ms':>9}{'fwd+bwd ms':>12}{'ideal ms':>10}"
     print(head + f"{'max |err| vs fp64':>20}")
     for C in args.hidden:
