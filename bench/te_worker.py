@@ -300,6 +300,18 @@ def saved_tensor_census(trainer):
     return sorted(((k, v / 2**20) for k, v in by_class.items()), key=lambda kv: -kv[1])
 
 
+
+def mhc_functions_module():
+    """Which functions the fused mHC path ran: the kernels' module, a bench stand-in's, or None (a
+    tree without mHC, such as pristine upstream). On the upstream-dev line the module holds only
+    the kernels that dev's own mHC calls (no ``mhc_input``): then the module itself is named."""
+    try:
+        from megatron.core.transformer import hyper_connection_fused as fused_mhc
+    except ImportError:
+        return None
+    entry = getattr(fused_mhc, "mhc_input", None)
+    return entry.__module__ if entry is not None else fused_mhc.__name__
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True, help="configuration name in bench.te_bench.CONFIGS")
@@ -316,14 +328,7 @@ def main():
     ready.update(config=ns.config, megatron=__import__("megatron.core", fromlist=["x"]).__file__,
                  version=__import__("megatron.core", fromlist=["x"]).__version__, torch=torch.__version__,
                  device_name=torch.cuda.get_device_name(0) if args["device"] == "cuda" else "cpu")  # fmt: skip
-    # Which functions the fused mHC path ran: the kernels' module, a bench stand-in's, or none
-    # (a tree without mHC, such as pristine upstream).
-    try:
-        from megatron.core.transformer import hyper_connection_fused as fused_mhc
-
-        ready["mhc_functions"] = fused_mhc.mhc_input.__module__
-    except ImportError:
-        ready["mhc_functions"] = None
+    ready["mhc_functions"] = mhc_functions_module()
     print("READY " + json.dumps(ready), flush=True)
     for line in sys.stdin:
         words = line.split()

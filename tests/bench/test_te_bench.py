@@ -4,6 +4,7 @@ the pooling of several GPUs' rounds (also end to end, on CPU with simulated devi
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,25 @@ def test_floor_stand_in_runs_in_its_worker_only(tmp_path):
         "fork+mhc": "megatron.core.transformer.hyper_connection_fused",
         "fork+mhc-floor": "bench.experiments.mhc_floor",
     }
+
+
+def test_mhc_functions_names_a_kernels_only_module(monkeypatch):
+    """The upstream-dev line's hyper_connection_fused holds only kernels (no ``mhc_input``): the
+    worker names the module instead of dying before its READY line."""
+    import types
+
+    from bench import te_worker
+
+    kernels_only = types.ModuleType("megatron.core.transformer.hyper_connection_fused")
+    monkeypatch.setitem(sys.modules, kernels_only.__name__, kernels_only)
+    import megatron.core.transformer as transformer_package
+
+    monkeypatch.setattr(transformer_package, "hyper_connection_fused", kernels_only, raising=False)
+    assert te_worker.mhc_functions_module() == "megatron.core.transformer.hyper_connection_fused"
+
+    def mhc_input():
+        pass
+
+    mhc_input.__module__ = "bench.experiments.mhc_floor"
+    kernels_only.mhc_input = mhc_input
+    assert te_worker.mhc_functions_module() == "bench.experiments.mhc_floor"
