@@ -10,9 +10,10 @@ On this line: verl's ``patch_postprocess`` runs (same logits, the MTP layer trai
 is refused by name; a copy that drops the multistream fails with an error naming it; verl's
 recompute backward gives the gradients of the unpatched backward and never frees the multistream.
 
-Three setups: local (non-TE) specs with ``use_fused_mhc=False`` on the CPU; on a GPU, local specs
-and dev's Transformer Engine spec, both with ``use_fused_mhc=True`` (dev's Triton kernels); the GPU
-setups skip on CPU, the TE one also without Transformer Engine. Skips where dev's mHC is absent (the release and upstream-main lines) or
+Three setups: local (non-TE) specs with ``use_fused_mhc=False`` (on the CUDA device where there is
+one, else the CPU); on a GPU, local specs and dev's Transformer Engine spec, both with
+``use_fused_mhc=True`` (dev's Triton kernels); the GPU setups skip on CPU, the TE one also without
+Transformer Engine. Skips where dev's mHC is absent (the release and upstream-main lines) or
 verl is not installed (tests/integration/install_clients.sh).
 """
 
@@ -41,7 +42,7 @@ def _have_te():
 
 _NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="dev's fused mHC needs a GPU")
 SETUPS = [
-    pytest.param("cpu", id="local-cpu"),
+    pytest.param("unfused", id="local-unfused"),
     pytest.param("gpu", id="local-fused-gpu", marks=[_NO_GPU, pytest.mark.gpu]),
     pytest.param(
         "te",
@@ -70,24 +71,22 @@ def _model(setup, **overrides):
     from tests.unit_tests.transformer.test_dev_mhc_multistream import dev_mhc_mtp_model
 
     te = setup == "te"
-    model = dev_mhc_mtp_model(te=te, use_fused_mhc=setup != "cpu", **overrides)
+    model = dev_mhc_mtp_model(te=te, use_fused_mhc=setup != "unfused", **overrides)
     if not te:
         flatten_stream_projection(model)  # local linear only: see that helper
-    if setup != "cpu":
-        model.cuda()
     return model
 
 
 def _batch(setup):
-    from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import causal_batch
+    from tests.unit_tests.transformer.test_dev_mhc_multistream import dev_batch
 
-    return [t if setup == "cpu" else t.cuda() for t in causal_batch()]
+    return dev_batch()
 
 
 def _assert_same_grads(grads, expected, setup):
     """Bit-equal on the CPU; on a GPU within float32 rounding, since kernels may reduce in
     another order between runs (a backward that read freed storage is off by far more)."""
-    exact = setup == "cpu"
+    exact = not torch.cuda.is_available()
     for name in expected:
         torch.testing.assert_close(
             grads[name], expected[name], rtol=0 if exact else 1e-4, atol=0 if exact else 1e-6, msg=name

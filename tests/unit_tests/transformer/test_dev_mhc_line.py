@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from megatron.core.transformer import hyper_connection
-from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import causal_batch, tiny_moe_mtp_config
+from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import tiny_moe_mtp_config
 from tests.unit_tests.test_utilities import Utils
-from tests.unit_tests.transformer.test_dev_mhc_multistream import N, dev_mhc_mtp_model
+from tests.unit_tests.transformer.test_dev_mhc_multistream import N, dev_batch, dev_mhc_mtp_model
 
 # dev's module has the learned output contraction; the release line's (fork) mHC and upstream
 # main's do not (the release line accepts dev's config names as aliases, so no config check).
@@ -92,7 +92,7 @@ class TestReclaimWithDevMHC:
         model.mtp.layers[0].register_forward_pre_hook(
             lambda m, a, kw: keep(mtp_seen, "layer_input", kw["hidden_states"]), with_kwargs=True
         )
-        tokens, position_ids, mask = causal_batch()
+        tokens, position_ids, mask = dev_batch()
         model(tokens, position_ids, mask, labels=tokens).mean().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return model, grads, chunk_inputs, mtp_seen

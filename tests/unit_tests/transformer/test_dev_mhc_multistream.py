@@ -23,6 +23,17 @@ pytestmark = pytest.mark.skipif(
 N = 2
 
 
+def device():
+    """Where these tests run dev's mHC model: the current CUDA device on a CUDA host (megatron's
+    buffers live there, whatever device the parameters were initialised on), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def dev_batch(seed=0):
+    """``causal_batch`` on :func:`device`."""
+    return [t.to(device()) for t in causal_batch(seed)]
+
+
 def dev_mhc_mtp_model(te=False, **overrides):
     """A tiny dense GPT with dev's mHC layers and one MTP layer: local spec, or with ``te``
     dev's Transformer Engine spec (its HyperConnectionTransformerLayer over TE linears)."""
@@ -46,7 +57,8 @@ def dev_mhc_mtp_model(te=False, **overrides):
     spec = make_spec(enable_hyper_connection=True)
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=te)
     torch.manual_seed(0)
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec)
+    model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec)
+    return model.to(device())
 
 
 def drop_multistream(model):
@@ -68,7 +80,7 @@ class TestDroppedMultistream:
         Utils.destroy_model_parallel()
 
     def _expect_named_error(self, model):
-        tokens, position_ids, mask = causal_batch()
+        tokens, position_ids, mask = dev_batch()
         drop_multistream(model)
         with pytest.raises(ValueError, match="mhc_multistream") as err:
             model(tokens, position_ids, mask, labels=tokens)
@@ -84,8 +96,8 @@ class TestDroppedMultistream:
 
     def test_wrong_width_is_a_clear_error(self):
         model = dev_mhc_mtp_model()
-        hidden = torch.zeros(SEQ, 2, model.config.hidden_size)
-        tokens, position_ids, mask = causal_batch()
+        hidden = torch.zeros(SEQ, 2, model.config.hidden_size, device=device())
+        tokens, position_ids, mask = dev_batch()
         with pytest.raises(ValueError, match=r"mhc_multistream must be \[s, b, 64\]"):
             model.mtp(
                 input_ids=tokens,
@@ -120,7 +132,7 @@ class TestReplacedPostprocessSignature:
             raise AssertionError("must not be called with the multistream dropped")
 
         model._postprocess = older_postprocess
-        tokens, position_ids, mask = causal_batch()
+        tokens, position_ids, mask = dev_batch()
         with pytest.raises(RuntimeError, match="takes no mhc_multistream") as err:
             model(tokens, position_ids, mask, labels=tokens)
         assert "older_postprocess" in str(err.value)
