@@ -5,6 +5,8 @@ their descriptions (issue 25): what a converted checkpoint reproduces exactly, w
 Sinkhorn limit, and how far apart they are at the 20 iterations models train with.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -253,7 +255,15 @@ class TestUpstreamDevMapping:
             fork_to_upstream_dev(dict(fork, **{"decoder.hc_head_fn": torch.zeros(N, N * HIDDEN)}), N)
         with pytest.raises(ValueError, match=r"already has the fork's name"):
             upstream_dev_to_fork(fork, N)
+        # A head of the wrong rank whose leading dims match (an extra trailing dim, or one too
+        # few) is refused by key in both directions, not passed through.
+        extra_dim = dict(fork, **{"decoder.hc_head.hc_head_base": torch.zeros(N, 1)})
+        with pytest.raises(ValueError, match=rf"fork_to_upstream_dev: decoder.hc_head.hc_head_base must be \[{N}\] for num_streams={N}, got shape \({N}, 1\)"):
+            fork_to_upstream_dev(extra_dim, N)
         dev = fork_to_upstream_dev(fork, N)
+        for key, bad in (("mtp.layers.0.hc_head_scale", torch.ones(1, 1)), ("decoder.hc_head_fn", torch.zeros(N))):
+            with pytest.raises(ValueError, match=rf"upstream_dev_to_fork: {key} must be .* for num_streams={N}, got shape {re.escape(str(tuple(bad.shape)))}"):
+                upstream_dev_to_fork(dict(dev, **{key: bad}), N)
         del dev["mtp.layers.0.h_proj.weight"]
         with pytest.raises(ValueError, match=r"mtp.layers.0.h_proj.weight is missing"):
             upstream_dev_to_fork(dev, N)

@@ -154,6 +154,26 @@ class TestGradientsEqualNoRecompute:
     def test_with_mtp(self):
         self.check(*twin_models(2, with_mtp=True))
 
+    @pytest.mark.parametrize("layer_num", [None, 1])
+    def test_with_sublayer_biases(self, layer_num, monkeypatch):
+        # add_bias_linear: attention and the (dense) MLP hand their output bias to the
+        # checkpointed combine as a separate tensor; its gradient must come back through the
+        # recompute
+        plain, rc = twin_models(layer_num, add_bias_linear=True, num_moe_experts=None)
+        biased = []
+        real = HyperConnection.combine
+
+        def spying(self, x, h_post, h_res, output_with_bias, *args, **kwargs):
+            biased.append(output_with_bias[1] is not None)
+            return real(self, x, h_post, h_res, output_with_bias, *args, **kwargs)
+
+        monkeypatch.setattr(HyperConnection, "combine", spying)
+        self.check(plain, rc)
+        assert biased and all(biased)
+        biases = [n for n, _ in rc.named_parameters() if n.endswith(("proj.bias", "fc2.bias"))]
+        assert len(biases) == 2 * LAYERS
+        assert all(rc.get_parameter(n).grad.abs().sum() > 0 for n in biases)
+
     @pytest.mark.slow
     def test_with_moe_recompute_and_dropout(self):
         # the MoE checkpoint's input is a freed norm output; dropout masks are replayed
