@@ -80,10 +80,10 @@ def _model(setup, **overrides):
 def _batch(setup):
     from tests.unit_tests.transformer.test_dev_mhc_multistream import dev_batch
 
-    return dev_batch()
+    return dev_batch()  # every setup runs on the device of dev_batch / dev_mhc_mtp_model
 
 
-def _assert_same_grads(grads, expected, setup):
+def _assert_same_grads(grads, expected):
     """Bit-equal on the CPU; on a GPU within float32 rounding, since kernels may reduce in
     another order between runs (a backward that read freed storage is off by far more)."""
     exact = not torch.cuda.is_available()
@@ -172,4 +172,4 @@ def test_recompute_backward_never_frees_the_multistream(setup):
     assert multistream.untyped_storage().nbytes() > 0, "the multistream must never be freed"
     assert grads.keys() == expected.keys()
     assert any(name.startswith("mtp.") for name in grads)
-    _assert_same_grads(grads, expected, setup)
+    _assert_same_grads(grads, expected)
