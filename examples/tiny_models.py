@@ -51,20 +51,29 @@ def moe_config(**overrides) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
+def device() -> torch.device:
+    """The current CUDA device where there is one (Megatron's buffers live there), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gpt(config: TransformerConfig, with_mtp: bool = True, vocab: int = VOCAB, seq_len: int = SEQ_LEN) -> GPTModel:
-    """GPTModel on local (non-TE) specs, with the MTP block ``config`` asks for unless ``with_mtp`` is off."""
+    """GPTModel on local (non-TE) specs, with the MTP block ``config`` asks for unless ``with_mtp`` is
+    off; initialised on the CPU, then moved to :func:`device`."""
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if with_mtp else None
-    return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=seq_len, mtp_block_spec=mtp_spec)
+    model = GPTModel(config, spec, vocab_size=vocab, max_sequence_length=seq_len, mtp_block_spec=mtp_spec)
+    return model.to(device())
 
 
 def token_batch(seed: int = 0, batch: int = BATCH, seq_len: int = SEQ_LEN, vocab: int = VOCAB):
-    """Random tokens with positions and a causal mask: the inputs GPTModel.forward takes."""
+    """Random tokens with positions and a causal mask on :func:`device`: the inputs GPTModel.forward takes."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, seq_len), generator=gen)
     positions = torch.arange(seq_len).expand(batch, seq_len)
     causal_mask = torch.triu(torch.ones(seq_len, seq_len), diagonal=1).bool()[None, None]
-    return tokens, positions, causal_mask
+    return tokens.to(device()), positions.to(device()), causal_mask.to(device())
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """The CPU harness itself: two spawned gloo ranks build tensor-parallel state and reduce."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -55,3 +57,48 @@ class TestDistributedHarness:
             taken.listen()
             monkeypatch.setattr(test_utilities, "_free_port", lambda: taken.getsockname()[1])
             run_distributed(_two_rank_tensor_parallel, 2, timeout=60)
+
+
+def _rank_sees_a_cpu_only_machine(rank, world_size):
+    import importlib
+
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == "", os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert not torch.cuda.is_available()
+    for name in ("transformer_engine", "apex"):
+        with pytest.raises(ImportError):
+            importlib.import_module(name)
+    from megatron.core.transformer.moe import moe_utils
+
+    # The router's GEMM is the one that handed TE CPU pointers on a CUDA host (an illegal access).
+    assert moe_utils.te_general_gemm is None
+    _two_rank_tensor_parallel(rank, world_size)
+
+
+class TestMoreRanksThanGPUs:
+    """With more ranks than GPUs, every rank runs as on a CPU-only machine (NCCL refuses two ranks
+    on one device, and TE's kernels refuse CPU tensors); forced here on any machine."""
+
+    @pytest.mark.slow
+    def test_ranks_run_without_cuda_and_without_cuda_only_libraries(self, monkeypatch, tmp_path):
+        from tests.unit_tests import test_utilities
+
+        # Importable stand-ins, so that the ranks must turn the libraries away even on a machine
+        # that lacks them (spawned ranks start with the parent's sys.path).
+        for name in ("transformer_engine", "apex"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setattr(test_utilities, "_ranks_need_cpu", lambda world_size: True)
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        run_distributed(_rank_sees_a_cpu_only_machine, 2, timeout=120)
+        assert os.environ.get("CUDA_VISIBLE_DEVICES") == before, "the parent's environment must be restored"
+
+    def test_the_policy_follows_the_device_count(self, monkeypatch):
+        from tests.unit_tests import test_utilities
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        assert test_utilities._ranks_need_cpu(2)
+        assert not test_utilities._ranks_need_cpu(1)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert not test_utilities._ranks_need_cpu(2)

@@ -1,11 +1,21 @@
 """Process-group and model-parallel helpers in the shape of upstream's ``tests/unit_tests/test_utilities``.
 
-World size 1 runs in the test process (a gloo group on CPU, NCCL on GPU). Larger worlds run in
-spawned processes through :func:`run_distributed`, which re-raises a child's failure in the parent.
+World size 1 runs in the test process. Larger worlds run in spawned processes through
+:func:`run_distributed`, which re-raises a child's failure in the parent.
+
+Device policy, so that one suite runs on a CPU-only machine and on a CUDA host alike: tests build
+their models and inputs on :func:`unit_device` (the current CUDA device where there is one); the
+default process group is gloo for CPU tensors and, on a CUDA host, NCCL for CUDA tensors; and a
+distributed run with more ranks than visible GPUs runs every rank on the CPU (NCCL refuses two
+ranks on one device).
 """
 
+import contextlib
+import importlib
 import os
+import pickle
 import socket
+import sys
 import tempfile
 import traceback
 
@@ -21,7 +31,19 @@ def _free_port() -> int:
 
 
 def _backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def unit_device() -> torch.device:
+    """Where unit tests put models and inputs: the current CUDA device, or the CPU without CUDA."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _ranks_need_cpu(world_size: int) -> bool:
+    """True when ``world_size`` ranks cannot each have a GPU of their own (NCCL needs that)."""
+    return torch.cuda.is_available() and torch.cuda.device_count() < world_size
 
 
 class Utils:
@@ -90,10 +112,14 @@ def _destroy_subgroups():
             dist.destroy_process_group(group)
 
 
-def _child(rank, world_size, port, fn, args, error_dir, rendezvous):
+def _child(rank, world_size, port, fn_ref, payload, error_dir, rendezvous, cpu_rank):
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
+    if cpu_rank:
+        _without_cuda_only_libraries()
+    fn = _resolve(fn_ref)
+    args = pickle.loads(payload)
     from tests.unit_tests import cpu_compat
 
     cpu_compat.install()
@@ -109,6 +135,49 @@ def _child(rank, world_size, port, fn, args, error_dir, rendezvous):
         Utils.destroy_process_group()
 
 
+# Libraries whose kernels only take CUDA tensors. Megatron uses them wherever they import (TE's
+# router GEMM, TE's and APEX's fused Adam), so a CPU rank on a host that has them would hand them
+# CPU tensors; without them it takes the torch paths, as on a CPU-only machine.
+_CUDA_ONLY_LIBRARIES = ("transformer_engine", "apex")
+
+
+def _without_cuda_only_libraries():
+    """Make ``import transformer_engine`` / ``import apex`` raise ImportError in this process."""
+    for name in _CUDA_ONLY_LIBRARIES:
+        if name not in sys.modules:
+            sys.modules[name] = None
+
+
+def _resolve(fn_ref):
+    module_name, qualname = fn_ref
+    target = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+@contextlib.contextmanager
+def _children_environment(hide_cuda: bool):
+    """Start spawned ranks without CUDA when ``hide_cuda``: they inherit the environment at start.
+
+    Hidden before the child's first CUDA call, CUDA is simply absent there; with the CUDA-only
+    libraries turned away too (``_child``), the rank runs on the CPU with gloo and the CPU
+    stand-ins, as on a CPU-only machine.
+    """
+    if not hide_cuda:
+        yield
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
 def run_distributed(fn, world_size=2, *args, timeout=300):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; raise if any rank fails.
 
@@ -116,16 +185,25 @@ def run_distributed(fn, world_size=2, *args, timeout=300):
     through a file, not MASTER_PORT: a port picked here is free only until the ranks bind it,
     seconds later, and a test run beside this one (``prove --jobs``) could take it meanwhile.
     """
+    # The function travels by name and its arguments as bytes, so that a CPU rank can turn away
+    # CUDA-only libraries before anything imports megatron (unpickling would import it first).
+    fn_ref = (fn.__module__, fn.__qualname__)
+    payload = pickle.dumps(args)
+    cpu_ranks = _ranks_need_cpu(world_size)
     with tempfile.TemporaryDirectory() as error_dir, tempfile.TemporaryDirectory() as meet:
         ctx = mp.get_context("spawn")
         port = _free_port()
         rendezvous = os.path.join(meet, "rendezvous")
         procs = [
-            ctx.Process(target=_child, args=(r, world_size, port, fn, args, error_dir, rendezvous))
+            ctx.Process(
+                target=_child,
+                args=(r, world_size, port, fn_ref, payload, error_dir, rendezvous, cpu_ranks),
+            )
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
+        with _children_environment(cpu_ranks):
+            for p in procs:
+                p.start()
         for p in procs:
             p.join(timeout)
         for p in procs:

@@ -8,6 +8,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_mtp_block_spec,
 )
 from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+from tests.unit_tests.test_utilities import unit_device
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     SEQ,
     VOCAB,
@@ -47,13 +48,14 @@ def deterministic_config(**overrides):
 
 
 def build_model(config, tied=False, with_mtp=True, seed=1234):
-    """Tiny GPTModel on CPU; ``tied`` shares the word embeddings with the output layer."""
+    """Tiny GPTModel, initialised on the CPU and moved to ``unit_device()``; ``tied`` shares the word
+    embeddings with the output layer."""
     torch.manual_seed(seed)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
     mtp_spec = None
     if with_mtp:
         mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
-    return GPTModel(
+    model = GPTModel(
         config,
         spec,
         vocab_size=VOCAB,
@@ -61,6 +63,7 @@ def build_model(config, tied=False, with_mtp=True, seed=1234):
         mtp_block_spec=mtp_spec,
         share_embeddings_and_output_weights=tied,
     )
+    return model.to(unit_device())
 
 
 def train_on_batch(model, batch, steps, lr=3e-3):
@@ -95,7 +98,7 @@ def is_zero_grad(param):
 
 
 def _backward(model, tokens, position_ids, mask, mtp_scale, main_scale, **kwargs):
-    MTPLossAutoScaler.set_loss_scale(torch.tensor(float(mtp_scale)))
+    MTPLossAutoScaler.set_loss_scale(torch.tensor(float(mtp_scale), device=unit_device()))
     try:
         out = model(tokens, position_ids, mask, **kwargs)
         (out.float() * main_scale).sum().backward()

@@ -13,7 +13,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_mtp_block_spec,
 )
 from megatron.core.transformer import TransformerConfig
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 SEQ, BATCH, VOCAB = 16, 2, 64
 
@@ -37,19 +37,23 @@ def tiny_moe_mtp_config(**overrides):
 
 
 def build_gpt(config, with_mtp=True):
+    """Initialised on the CPU (the same numbers everywhere), then moved to :func:`unit_device`."""
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False)
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if with_mtp else None
-    return GPTModel(
+    model = GPTModel(
         config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec
     )
+    return model.to(unit_device())
 
 
 def causal_batch(seed=0):
+    """Tokens, positions and a causal mask on :func:`unit_device`, drawn on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
-    return tokens, position_ids, mask
+    device = unit_device()
+    return tokens.to(device), position_ids.to(device), mask.to(device)
 
 
 class TestGPTModelMoEMTPOnCPU:

@@ -4,6 +4,7 @@ import torch
 
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay
+from tests.unit_tests.test_utilities import unit_device
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     BATCH,
     SEQ,
@@ -76,7 +77,7 @@ def indices_to_map(indices, num_experts):
 
 
 def forced_indices(experts, num_tokens=NUM_TOKENS):
-    return torch.tensor([list(experts)] * num_tokens, dtype=torch.long)
+    return torch.tensor([list(experts)] * num_tokens, dtype=torch.long, device=unit_device())
 
 
 def run_forward(model, seed=0):
