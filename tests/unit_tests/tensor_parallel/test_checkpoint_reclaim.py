@@ -24,7 +24,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     causal_batch,
     tiny_moe_mtp_config,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 REPO = Path(__file__).resolve().parents[3]
 # The release line's own mHC (patch mhc-hyper-connections). The upstream-dev line drops that patch
@@ -111,12 +111,15 @@ class TestCheckpointReclaim:
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
     def test_guards_views_non_grad_and_distributed(self):
-        w = torch.randn(8, 8, requires_grad=True)
-        base = torch.randn(4, 8, requires_grad=True) * 1.0
+        # The distributed checkpoint gathers its input through Megatron's global memory buffer,
+        # which lives on the CUDA device where there is one.
+        device = unit_device()
+        w = torch.randn(8, 8, device=device, requires_grad=True)
+        base = torch.randn(4, 8, device=device, requires_grad=True) * 1.0
         view = base[:2]
-        distributed = torch.randn(4, 8, requires_grad=True) * 1.0
-        owned = torch.randn(4, 8, requires_grad=True) * 1.0
-        frozen = torch.randn(4, 8)
+        distributed = torch.randn(4, 8, device=device, requires_grad=True) * 1.0
+        owned = torch.randn(4, 8, device=device, requires_grad=True) * 1.0
+        frozen = torch.randn(4, 8, device=device)
 
         def two(a, b):
             return torch.tanh(a @ w) + b
@@ -260,7 +263,7 @@ _NAIVE_SCRIPT = textwrap.dedent(
     from tests.unit_tests import cpu_compat
     cpu_compat.install()
     from megatron.core.tensor_parallel import random as tp_random
-    from tests.unit_tests.test_utilities import Utils
+    from tests.unit_tests.test_utilities import Utils, unit_device
     from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
         build_gpt, causal_batch, tiny_moe_mtp_config)
 

@@ -14,7 +14,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 
 class TestLocalAttentionHeadSizes:
@@ -27,12 +27,13 @@ class TestLocalAttentionHeadSizes:
     def test_key_and_value_head_sizes_differ(self):
         config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
                                    use_cpu_initialization=True, attention_dropout=0.0)
+        device = unit_device()
         attention = DotProductAttention(config, 1, AttnMaskType.causal, "self",
-                                        softmax_scale=0.25, k_channels=12, v_channels=6)
+                                        softmax_scale=0.25, k_channels=12, v_channels=6).to(device)
         sq, b, heads = 5, 2, 4
-        query, key = torch.randn(sq, b, heads, 12), torch.randn(sq, b, heads, 12)
-        value = torch.randn(sq, b, heads, 6)
-        mask = torch.triu(torch.ones(sq, sq), diagonal=1).bool()[None, None]
+        query, key = torch.randn(sq, b, heads, 12).to(device), torch.randn(sq, b, heads, 12).to(device)
+        value = torch.randn(sq, b, heads, 6).to(device)
+        mask = torch.triu(torch.ones(sq, sq), diagonal=1).bool()[None, None].to(device)
         context = attention(query, key, value, mask)
         assert context.shape == (sq, b, heads * 6)
         scores = torch.einsum("qbhd,kbhd->bhqk", query, key) * 0.25
@@ -54,11 +55,12 @@ class TestLocalAttentionHeadSizes:
             rope_type="rope", add_bias_linear=False, qk_layernorm=True,
         )
         spec = get_gpt_layer_local_spec(multi_latent_attention=True, qk_layernorm=True)
+        device = unit_device()
         model = GPTModel(config, spec, vocab_size=64, max_sequence_length=8,
-                         position_embedding_type="rope")
-        tokens = torch.randint(0, 64, (2, 8))
-        positions = torch.arange(8).expand(2, 8)
-        mask = torch.triu(torch.ones(8, 8), diagonal=1).bool()[None, None]
+                         position_embedding_type="rope").to(device)
+        tokens = torch.randint(0, 64, (2, 8)).to(device)
+        positions = torch.arange(8).expand(2, 8).to(device)
+        mask = torch.triu(torch.ones(8, 8), diagonal=1).bool()[None, None].to(device)
         loss = model(tokens, positions, mask, labels=tokens)
         loss.sum().backward()
         assert torch.isfinite(loss).all()

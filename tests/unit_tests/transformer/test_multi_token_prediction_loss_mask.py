@@ -209,8 +209,9 @@ class TestGPTModelLossMaskContract:
         model = build_model(deterministic_config())
         tokens, position_ids, mask = causal_batch()
         with pytest.raises(ValueError, match=r"input_ids of shape \(2, 16\).*got \(2, 10\)"):
-            model(tokens, position_ids, mask, loss_mask=torch.ones(2, 10))
+            model(tokens, position_ids, mask, loss_mask=torch.ones(2, 10, device=tokens.device))
         # The token-aligned mask of the same shape is accepted, and compute_mtp=False does not
         # look at the mask at all.
-        model(tokens, position_ids, mask, loss_mask=torch.ones(2, 16))
-        model(tokens, position_ids, mask, loss_mask=torch.ones(2, 10), compute_mtp=False)
+        model(tokens, position_ids, mask, loss_mask=torch.ones(2, 16, device=tokens.device))
+        short = torch.ones(2, 10, device=tokens.device)
+        model(tokens, position_ids, mask, loss_mask=short, compute_mtp=False)

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -16,7 +15,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     causal_batch,
     tiny_moe_mtp_config,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 ENV_VARS = (qat.FLAG_ENV, qat.GROUP_SIZE_ENV)
 
@@ -224,6 +223,12 @@ class _ForeignLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.zeros(output_size, input_size))
 
 
+def _linear(x, weight):
+    """``x W^T`` as Megatron's local linears compute it (``matmul`` with ``weight.t()``), so that a
+    CUDA GEMM compares bit for bit too."""
+    return torch.matmul(x, weight.t())
+
+
 class TestInt4FakeQatLocalExperts:
     def setup_method(self, method):
         Utils.initialize_model_parallel(1, 1)
@@ -247,23 +252,24 @@ class TestInt4FakeQatLocalExperts:
             kwargs["gather_output"] = False
         else:
             kwargs["input_is_parallel"] = True
-        linear = linear_cls(32, 16, **kwargs)
-        x = torch.randn(5, 2, 32)
+        device = unit_device()
+        linear = linear_cls(32, 16, **kwargs).to(device)
+        x = torch.randn(5, 2, 32).to(device)
         out, _ = linear(x)
         weight = qat.int4_quantize_dequantize(linear.weight, 24) if flag else linear.weight
-        assert torch.equal(out, F.linear(x, weight))
+        assert torch.equal(out, _linear(x, weight))
         if flag:
-            assert not torch.equal(out, F.linear(x, linear.weight))
+            assert not torch.equal(out, _linear(x, linear.weight))
         # Non-expert linears are never quantized.
         kwargs["is_expert"] = False
-        dense = linear_cls(32, 16, **kwargs)
+        dense = linear_cls(32, 16, **kwargs).to(device)
         out, _ = dense(x)
-        assert torch.equal(out, F.linear(x, dense.weight))
+        assert torch.equal(out, _linear(x, dense.weight))
         # Nor is an expert linear built from a plain ModelParallelConfig (no QAT fields at all).
         kwargs.update(config=ModelParallelConfig(), is_expert=True)
-        plain = linear_cls(32, 16, **kwargs)
+        plain = linear_cls(32, 16, **kwargs).to(device)
         out, _ = plain(x)
-        assert torch.equal(out, F.linear(x, plain.weight))
+        assert torch.equal(out, _linear(x, plain.weight))
 
     def test_sequential_mlp_rejects_experts_without_the_quantizer(self):
         config = moe_config(moe_int4_fake_qat=True)

@@ -8,7 +8,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 NUM_TOKENS, NUM_EXPERTS, TOPK = 64, 16, 4
 
@@ -76,7 +76,8 @@ class TestTopKRouterSorted:
             config=config, pg_collection=ProcessGroupCollection.use_mpu_process_groups()
         )
         router.set_layer_number(1)
-        hidden = torch.randn(16, 2, 32)
+        router.to(unit_device())
+        hidden = torch.randn(16, 2, 32).to(unit_device())
         probs_grad, map_grad = router(hidden)
         with torch.no_grad():
             probs_nograd, map_nograd = router(hidden)
