@@ -44,6 +44,14 @@ for info in pkgutil.walk_packages(megatron.__path__, 'megatron.'):
         importlib.import_module(info.name)
     except BaseException as exc:
         missing = getattr(exc, 'name', None) if isinstance(exc, ModuleNotFoundError) else None
+        # upstream's text_generation_server appends megatron/core to sys.path, so a third-party
+        # package that is not installed (HF "datasets") can resolve to megatron/core/datasets and
+        # fail as "cannot import name": the package is still what is missing.
+        shadow = getattr(exc, 'path', None) or ''
+        if missing is None and isinstance(exc, ImportError) and shadow.startswith(megatron.__path__[0]):
+            name = getattr(exc, 'name', None) or ''
+            if name and not name.startswith('megatron'):
+                missing = name
         first = str(exc).splitlines()[0] if str(exc) else ''
         print("IMPORT-FAILED", info.name, type(exc).__name__, missing or '', first, sep='\t', flush=True)
 """

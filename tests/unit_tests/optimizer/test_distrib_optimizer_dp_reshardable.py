@@ -154,7 +154,8 @@ def _load_entries_without_padding_field(rank, world_size):
                             if isinstance(v, torch.Tensor) and k != "step"
                         }
                         expected.append({k: v.clone() for k, v in new.items()})
-                        new["step"] = entry["step"]
+                        if "step" in entry:  # torch's Adam keeps one per parameter, TE's FusedAdam per group
+                            new["step"] = entry["step"]
                         entries.append(new)
                     # An explicit padding entry in the middle must still be skipped.
                     entries.insert(1, {"padding": True, "param": torch.full((5,), -1.0)})
