@@ -39,3 +39,15 @@ def test_identical_code_paths_compare_equal(upstream_oracle):
 def test_a_one_percent_fork_side_scaling_is_caught(upstream_oracle):
     with pytest.raises(AssertionError, match="outputs loss: values differ"):
         upstream_oracle.compare([DENSE], fork_mutation="scale_layer_output")
+
+
+def test_a_given_pristine_tree_is_used_and_checked(monkeypatch, tmp_path):
+    from tests.unit_tests import upstream_oracle
+
+    monkeypatch.setenv("FORK_PRISTINE_TREE", str(tmp_path))
+    with pytest.raises(ValueError, match=f"FORK_PRISTINE_TREE={tmp_path}: no megatron/core/__init__.py"):
+        upstream_oracle.extract_pristine(tmp_path / "unused")
+    (tmp_path / "megatron" / "core").mkdir(parents=True)
+    (tmp_path / "megatron" / "core" / "__init__.py").write_text("")
+    assert upstream_oracle.extract_pristine(tmp_path / "unused") == tmp_path
+    assert not (tmp_path / "unused").exists()

@@ -28,7 +28,16 @@ def _cache_dir() -> Path:
 
 
 def extract_pristine(dest: Path) -> Path:
-    """Extract the verified pinned base into ``dest``; return the directory holding ``megatron/``."""
+    """Extract the verified pinned base into ``dest``; return the directory holding ``megatron/``.
+
+    ``FORK_PRISTINE_TREE`` names an already extracted base instead (a machine with no network and
+    no cache, such as the GPU hosts); it is the caller's word that it is the pinned one.
+    """
+    given = os.environ.get("FORK_PRISTINE_TREE")
+    if given:
+        if not (Path(given) / "megatron" / "core" / "__init__.py").is_file():
+            raise ValueError(f"FORK_PRISTINE_TREE={given}: no megatron/core/__init__.py under it")
+        return Path(given)
     from tools.rebase.stack.pin import load_pin
     from tools.rebase.stack.source import _extract_sdist, fetch_git_commit, fetch_verified_sdist
 
@@ -87,8 +96,11 @@ def run_in_subprocess(tree: Path, specs: list) -> list:
     """Import ``megatron`` from ``tree`` (and nothing else of it) in a fresh interpreter; run specs."""
     with tempfile.TemporaryDirectory(prefix="oracle-") as tmp:
         out = Path(tmp) / "results.pt"
+        # The comparison is bitwise on the CPU, on any host: no visible GPU, and Transformer
+        # Engine / APEX turned away (their kernels only take CUDA tensors).
         code = (
-            "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+            "import sys; sys.modules.update(transformer_engine=None, apex=None); "
+            "sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
             f"from {SCENARIOS} import main; main(sys.argv[3], sys.argv[4])"
         )
         # No flag may leak in by environment, nor the rendezvous of this process's own group
@@ -96,6 +108,7 @@ def run_in_subprocess(tree: Path, specs: list) -> list:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("OPEN_TRAINING_", "PYTHON"))
                and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env["CUDA_VISIBLE_DEVICES"] = ""
         proc = subprocess.run(
             [sys.executable, "-c", code, str(tree), str(ROOT), json.dumps(specs), str(out)],
             cwd=tmp, env=env, capture_output=True, text=True,
