@@ -16,9 +16,12 @@ import pytest
 import torch
 
 from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
-from tests.unit_tests.optimizer.cpu_offloading.test_hybrid_optimizer_refresh import _DeviceTensor
-
-LR = 0.5
+from tests.unit_tests.optimizer.cpu_offloading.test_hybrid_optimizer_refresh import (
+    LR,
+    _build,
+    _DeviceTensor,
+    _Stream,
+)
 
 
 class _Recorder:
@@ -26,7 +29,7 @@ class _Recorder:
         self.events = []
 
 
-class _RecordingStream:
+class _RecordingStream(_Stream):
     """A synchronous CPU stream that logs which stream waited for which."""
 
     def __init__(self, name, recorder):
@@ -34,37 +37,6 @@ class _RecordingStream:
 
     def wait_stream(self, stream):
         self.recorder.events.append(f"{self.name} waits for {stream.name}")
-
-    def record_event(self, event=None):
-        return _Event()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _Event:
-    def synchronize(self):
-        pass
-
-    def wait(self, stream=None):
-        pass
-
-
-def _build(params, offload_fraction):
-    return HybridDeviceOptimizer(
-        params,
-        offload_fraction=offload_fraction,
-        cpu_optimizer_cls=torch.optim.SGD,
-        gpu_optimizer_cls=torch.optim.SGD,
-        param_update_in_fp32=True,
-        pin_cpu_grads=False,
-        pin_cpu_params=False,
-        overlap_cpu_optimizer_d2h_h2d=True,
-        lr=LR,
-    )
 
 
 class TestDeviceStepWaitsForSideStream:
@@ -82,7 +54,7 @@ class TestDeviceStepWaitsForSideStream:
             torch.randn(4, 3).to(dtype).as_subclass(_DeviceTensor).requires_grad_()
             for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16)
         ]
-        opt = _build(params, offload_fraction)
+        opt = _build(params, offload_fraction, param_update_in_fp32=True, overlap=True)
         assert opt.gpu_optimizer is not None
         device_step = opt.gpu_optimizer.step
 
@@ -110,7 +82,7 @@ class TestDeviceStepWaitsForSideStream:
         shape = (4096, 4096)  # large enough that the conversion is still running when SGD starts
         for trial in range(5):
             params = [torch.randn(shape, device="cuda").to(torch.bfloat16).requires_grad_() for _ in range(3)]
-            opt = _build(params, 0.0)
+            opt = _build(params, 0.0, param_update_in_fp32=True, overlap=True)
             grads = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in params]
             before = [p.detach().float().clone() for p in params]
             for p, g in zip(params, grads):
