@@ -178,8 +178,12 @@ def _children_environment(hide_cuda: bool):
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
-def run_distributed(fn, world_size=2, *args, timeout=300):
+def run_distributed(fn, world_size=2, *args, timeout=300, cpu_ranks=None):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; raise if any rank fails.
+
+    ``cpu_ranks`` forces the ranks to run as on a CPU-only machine (True) or not (False); by
+    default they do when there are more ranks than GPUs. A test whose runs exchange files (a
+    checkpoint saved by 2 ranks, loaded by 1) passes the same value to each run.
 
     ``fn`` must be a module-level function (spawned processes import it by name). The ranks meet
     through a file, not MASTER_PORT: a port picked here is free only until the ranks bind it,
@@ -189,7 +193,8 @@ def run_distributed(fn, world_size=2, *args, timeout=300):
     # CUDA-only libraries before anything imports megatron (unpickling would import it first).
     fn_ref = (fn.__module__, fn.__qualname__)
     payload = pickle.dumps(args)
-    cpu_ranks = _ranks_need_cpu(world_size)
+    if cpu_ranks is None:
+        cpu_ranks = _ranks_need_cpu(world_size)
     with tempfile.TemporaryDirectory() as error_dir, tempfile.TemporaryDirectory() as meet:
         ctx = mp.get_context("spawn")
         port = _free_port()
