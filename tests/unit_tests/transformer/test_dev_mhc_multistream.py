@@ -13,7 +13,7 @@ import torch
 from megatron.core.transformer import hyper_connection
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import SEQ, VOCAB, causal_batch
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import tiny_moe_mtp_config
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 # dev's module has the learned output contraction; the release line's (fork) mHC and upstream
 # main's do not (the release line accepts dev's config names as aliases, so no config check).
@@ -23,20 +23,16 @@ pytestmark = pytest.mark.skipif(
 N = 2
 
 
-def device():
-    """Where these tests run dev's mHC model: the current CUDA device on a CUDA host (megatron's
-    buffers live there, whatever device the parameters were initialised on), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def dev_batch(seed=0):
-    """``causal_batch`` on :func:`device`."""
-    return [t.to(device()) for t in causal_batch(seed)]
+    """``causal_batch``: tokens, positions and mask drawn on the CPU, on ``unit_device()``."""
+    return causal_batch(seed)
 
 
 def dev_mhc_mtp_model(te=False, **overrides):
     """A tiny dense GPT with dev's mHC layers and one MTP layer: local spec, or with ``te``
-    dev's Transformer Engine spec (its HyperConnectionTransformerLayer over TE linears)."""
+    dev's Transformer Engine spec (its HyperConnectionTransformerLayer over TE linears).
+    Initialised on the CPU (``tiny_moe_mtp_config`` sets use_cpu_initialization), then moved to
+    ``unit_device()``, where Megatron's buffers live on a CUDA host."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -58,7 +54,7 @@ def dev_mhc_mtp_model(te=False, **overrides):
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=te)
     torch.manual_seed(0)
     model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec)
-    return model.to(device())
+    return model.to(unit_device())
 
 
 def drop_multistream(model):
@@ -96,7 +92,7 @@ class TestDroppedMultistream:
 
     def test_wrong_width_is_a_clear_error(self):
         model = dev_mhc_mtp_model()
-        hidden = torch.zeros(SEQ, 2, model.config.hidden_size, device=device())
+        hidden = torch.zeros(SEQ, 2, model.config.hidden_size, device=unit_device())
         tokens, position_ids, mask = dev_batch()
         with pytest.raises(ValueError, match=r"mhc_multistream must be \[s, b, 64\]"):
             model.mtp(

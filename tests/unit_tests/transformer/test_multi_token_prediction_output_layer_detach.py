@@ -17,7 +17,7 @@ from megatron.core.transformer.mtp_frozen_output_layer import (
     FrozenOutputLayer,
     freeze_output_layer_for_mtp,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 from tests.unit_tests.transformer.mtp_testing import (
     reset_mtp_state,
     VOCAB,
@@ -268,7 +268,9 @@ class TestFrozenOutputLayerBias:
         )
         with torch.no_grad():
             column.bias.normal_()
-        return {"column_parallel": column, "plain": _PlainLinearHead(config.hidden_size, VOCAB)}
+        # Both initialised on the CPU (the same numbers everywhere), then moved to unit_device().
+        plain = _PlainLinearHead(config.hidden_size, VOCAB)
+        return {"column_parallel": column.to(unit_device()), "plain": plain.to(unit_device())}
 
     @pytest.mark.parametrize("head_kind", ["column_parallel", "plain"])
     @pytest.mark.parametrize("mode", ["none", "output_layer", "heads"])
@@ -276,8 +278,10 @@ class TestFrozenOutputLayerBias:
         config = _config(mode)
         head = self._heads(config)[head_kind]
         seq, batch, depth = 8, 2, config.mtp_num_layers
-        hidden = torch.randn((1 + depth) * seq, batch, config.hidden_size, requires_grad=True)
-        input_ids = torch.randint(0, VOCAB, (batch, seq))
+        device = unit_device()
+        hidden = torch.randn((1 + depth) * seq, batch, config.hidden_size)
+        hidden = hidden.to(device).requires_grad_()
+        input_ids = torch.randint(0, VOCAB, (batch, seq)).to(device)
 
         def ce(labels, logits):
             return tensor_parallel.vocab_parallel_cross_entropy(
@@ -307,13 +311,13 @@ class TestFrozenOutputLayerBias:
         # The layer itself is unchanged: a normal call afterwards trains weight and bias.
         assert isinstance(head.bias, torch.nn.Parameter)
         head.zero_grad(set_to_none=True)
-        logits, _ = head(torch.randn(seq, batch, config.hidden_size))
+        logits, _ = head(torch.randn(seq, batch, config.hidden_size).to(device))
         logits.sum().backward()
         assert head.weight.grad is not None and head.bias.grad is not None
         assert head.bias.grad.abs().sum() > 0
 
     def test_wrapper_forwards_attributes_and_is_idempotent(self):
-        head = _PlainLinearHead(8, VOCAB)
+        head = _PlainLinearHead(8, VOCAB).to(unit_device())
         frozen, weight = freeze_output_layer_for_mtp(head, None)
         assert isinstance(frozen, FrozenOutputLayer) and weight is None
         assert frozen.gather_output is True
@@ -321,10 +325,10 @@ class TestFrozenOutputLayerBias:
         assert again is frozen
 
     def test_missing_weight_is_a_clear_error(self):
-        head = _PlainLinearHead(8, VOCAB)
+        head = _PlainLinearHead(8, VOCAB).to(unit_device())
         head.weight = None
         with pytest.raises(RuntimeError, match="no output_weight was passed"):
-            FrozenOutputLayer(head)(torch.randn(2, 1, 8))
+            FrozenOutputLayer(head)(torch.randn(2, 1, 8).to(unit_device()))
 
 
 @pytest.mark.gpu

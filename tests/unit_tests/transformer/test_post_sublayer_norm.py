@@ -15,7 +15,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     causal_batch,
     tiny_moe_mtp_config,
 )
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 SEQ, BATCH, HIDDEN = 16, 2, 32
 POST_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
@@ -67,17 +67,20 @@ class ApexStyleLayerNorm(torch.nn.LayerNorm):
 
 
 def layer_inputs(seed=0):
+    """Hidden states and a causal mask on :func:`unit_device`, drawn on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
-    return hidden, mask
+    return hidden.to(unit_device()), mask.to(unit_device())
 
 
 def randomize_(module, seed):
+    """Draws on a CPU generator (the same numbers everywhere), copied to the parameters' device."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+            values = torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0)
+            p.copy_(values.to(p.device))
 
 
 class TestPostSublayerNorm:
@@ -116,6 +119,7 @@ class TestPostSublayerNorm:
             post_mlp_layernorm=True,
         )
         layer = build_module(local_layer_spec(config, normalization), config=config)
+        layer = layer.to(unit_device())
         # The post norms are the kind the layer's own norms are: the backend's (fused) LayerNorm
         # for LayerNorm, torch's RMSNorm for RMSNorm.
         expected = ApexStyleLayerNorm if normalization == "LayerNorm" else torch.nn.RMSNorm
@@ -147,7 +151,7 @@ class TestPostSublayerNorm:
         config = layer_config(
             add_bias_linear=True, post_self_attn_layernorm=True, post_mlp_layernorm=True
         )
-        layer = build_module(local_layer_spec(config), config=config)
+        layer = build_module(local_layer_spec(config), config=config).to(unit_device())
         randomize_(layer, seed=2)
         layer.eval()
         hidden, mask = layer_inputs(seed=3)
@@ -170,7 +174,7 @@ class TestPostSublayerNorm:
         # With the flags off the pair reaches bias-dropout-add untouched: the bias stays separate
         # (a custom bda in the spec still gets it), as in an unpatched layer.
         off_config = layer_config(add_bias_linear=True)
-        off_layer = build_module(local_layer_spec(off_config), config=off_config)
+        off_layer = build_module(local_layer_spec(off_config), config=off_config).to(unit_device())
         for name in POST_NORMS:
             passed = apply_post_sublayer_norm(getattr(off_layer, name), (attn_out, attn_bias))
             assert passed[0] is attn_out and passed[1] is attn_bias, name
@@ -197,9 +201,9 @@ class TestPostSublayerNorm:
             def forward(self, x):
                 return x, x
 
-        out = torch.randn(3, 2, 8)
+        out = torch.randn(3, 2, 8).to(unit_device())
         with pytest.raises(TypeError, match="ResidualStyleNorm returned a tuple"):
-            apply_post_sublayer_norm(ResidualStyleNorm(), (out, None))
+            apply_post_sublayer_norm(ResidualStyleNorm().to(unit_device()), (out, None))
 
     def test_fused_tp_inference_is_rejected(self):
         with pytest.raises(ValueError, match="inference_fuse_tp_communication"):

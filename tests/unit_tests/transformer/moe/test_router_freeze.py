@@ -12,8 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, g
 from megatron.core.optimizer import OptimizerConfig, _get_param_groups
 from megatron.core.transformer.moe.router import Router
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.cpu_compat import device
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 SEQ, VOCAB = 16, 64
 
@@ -40,9 +39,9 @@ def _model(config):
     spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
     mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
     model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp)
-    # On a CUDA machine the routers move their gates to the current device at their first gating
-    # call, CPU initialization or not; the whole model goes there.
-    return model.to(device())
+    # Initialised on the CPU (the same numbers everywhere), then moved to unit_device(): on a CUDA
+    # host Megatron's buffers and the routers' gates live on the current device.
+    return model.to(unit_device())
 
 
 def _step(model):
@@ -51,7 +50,10 @@ def _step(model):
     labels = torch.randint(0, VOCAB, (2, SEQ), generator=gen)
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(2, SEQ)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
-    tokens, position_ids, mask, labels = (t.to(device()) for t in (tokens, position_ids, mask, labels))
+    device = unit_device()
+    tokens, position_ids, mask, labels = (
+        t.to(device) for t in (tokens, position_ids, mask, labels)
+    )
     model(tokens, position_ids, mask, labels=labels).sum().backward()
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 from tests.unit_tests.transformer.moe.router_replay_helpers import (
     NUM_TOKENS,
     RoutingCapture,
@@ -157,7 +157,7 @@ class TestRouterReplayActorAndReference(_ReplayTestBase):
         actor = build_gpt(replay_config(), with_mtp=True)
         reference = build_gpt(replay_config(), with_mtp=True)
         actor.eval(), reference.eval()
-        buffer = torch.full((NUM_TOKENS, 2, 2), -1, dtype=torch.long)
+        buffer = torch.full((NUM_TOKENS, 2, 2), -1, dtype=torch.long, device=unit_device())
         with pytest.raises(ValueError, match=r"set_global_static_buffers.*more than one model"):
             RouterReplay.set_global_static_buffers(buffer)
         RouterReplay.set_global_static_buffers(buffer, model=reference)

@@ -13,7 +13,7 @@ import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.moe.router import InferenceTopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 from tests.unit_tests.transformer.moe.router_replay_helpers import (
     RoutingCapture,
     build_gpt,
@@ -60,6 +60,7 @@ class TestRouterReplayMTPBypass:
         pg = ProcessGroupCollection.use_mpu_process_groups()
         mtp_router = InferenceTopKRouter(config=config, pg_collection=pg, is_mtp_layer=True)
         decoder_router = InferenceTopKRouter(config=config, pg_collection=pg)
+        mtp_router, decoder_router = mtp_router.to(unit_device()), decoder_router.to(unit_device())
         assert mtp_router.is_mtp_layer and mtp_router.router_replay is None
         assert RouterReplay.global_router_replay_instances == [decoder_router.router_replay]
 

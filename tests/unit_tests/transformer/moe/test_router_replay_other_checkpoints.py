@@ -14,7 +14,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from megatron.core import tensor_parallel
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 from tests.unit_tests.transformer.moe.router_replay_helpers import indices_to_map, reset_router_replay
 
 TOKENS, EXPERTS, TOPK, HIDDEN = 8, 4, 2, 6
@@ -42,8 +42,9 @@ class TinyRouter(torch.nn.Module):
 
 
 def _data(seed):
+    """Replay indices drawn on the CPU (the same everywhere), on :func:`unit_device`."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.rand(TOKENS, EXPERTS, generator=gen).argsort(dim=1)[:, :TOPK]
+    return torch.rand(TOKENS, EXPERTS, generator=gen).argsort(dim=1)[:, :TOPK].to(unit_device())
 
 
 class TestRecomputeThroughOtherCheckpoints:
@@ -63,7 +64,7 @@ class TestRecomputeThroughOtherCheckpoints:
         losses = []
         for data in (a, b):
             router.replay.set_target_indices(data)
-            x = torch.randn(TOKENS, HIDDEN, requires_grad=True)
+            x = torch.randn(TOKENS, HIDDEN).to(unit_device()).requires_grad_()
             losses.append(checkpointed(x).sum())
         for loss in losses:
             loss.backward()
@@ -79,7 +80,7 @@ class TestRecomputeThroughOtherCheckpoints:
             ), f"routing call {i} used another micro-batch's routing"
 
     def test_nested_checkpoints_each_recompute_their_own_routing(self):
-        router = TinyRouter()
+        router = TinyRouter().to(unit_device())
 
         def inner(x):
             return router(x)
@@ -97,7 +98,7 @@ class TestRecomputeThroughOtherCheckpoints:
     def test_foreign_checkpoint_carries_the_routing(self, use_reentrant):
         from megatron.core.tensor_parallel.random import carry_checkpoint_companions
 
-        router = TinyRouter()
+        router = TinyRouter().to(unit_device())
 
         def run(x):
             return torch_checkpoint.checkpoint(

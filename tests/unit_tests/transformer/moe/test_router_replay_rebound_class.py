@@ -14,7 +14,7 @@ from megatron.core.transformer.moe import router as router_module
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 
 class ForeignReplay:
@@ -40,11 +40,12 @@ def _build_router(replay=True, mtp=False):
         moe_enable_routing_replay=replay,
         use_cpu_initialization=True,
     )
-    return TopKRouter(
+    router = TopKRouter(
         config=config,
         pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
         is_mtp_layer=mtp,
     )
+    return router.to(unit_device())
 
 
 class TestReboundRouterReplayClass:

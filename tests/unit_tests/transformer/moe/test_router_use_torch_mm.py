@@ -12,8 +12,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.cpu_compat import device
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 HIDDEN, EXPERTS = 512, 16
 # Bounds relative to the largest |logit|: fp32 rounding of a 512-term dot product stays far
@@ -55,15 +54,14 @@ def _router(use_torch_mm, bias=False, **extra):
     router = TopKRouter(config=config, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
     if bias:
         with torch.no_grad():
-            router.bias.normal_()
+            router.bias.normal_()  # on the CPU, before the move: the same numbers everywhere
     router.set_layer_number(1)
-    return router
+    return router.to(unit_device())
 
 
 def _hidden(dtype=torch.float32):
-    """Router input on the router's device: on a CUDA machine the router moves its weight to
-    ``torch.cuda.current_device()`` at its first gating call, CPU initialization or not."""
-    return torch.randn(8, 4, HIDDEN, device=device()).to(dtype)
+    """Router input on :func:`unit_device`, where ``_router`` puts the router; drawn on the CPU."""
+    return torch.randn(8, 4, HIDDEN).to(device=unit_device(), dtype=dtype)
 
 
 def _reference(router, hidden):
@@ -118,7 +116,7 @@ class TestRouterUseTorchMM:
         router = _router(True)
         router.weight.data = router.weight.data.bfloat16()
         hidden = _hidden(torch.bfloat16).requires_grad_(True)
-        upstream_grad = torch.randn(8, 4, EXPERTS, device=device())
+        upstream_grad = torch.randn(8, 4, EXPERTS).to(unit_device())
         router.gating(hidden).backward(upstream_grad)
         assert hidden.grad.dtype == torch.bfloat16 and router.weight.grad.dtype == torch.bfloat16
         expected_wgrad = upstream_grad.reshape(-1, EXPERTS).double().t() @ hidden.detach().reshape(
