@@ -287,7 +287,9 @@ class TestUpstreamDevNames:
 
     def test_fork_model_writes_the_pinned_names(self):
         sd = self._model().state_dict()
-        got = tuple((k, tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in sd.items())
+        # The pins are the model's without Transformer Engine; a TE host adds its norms' extra state.
+        got = tuple((k, tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in sd.items()
+                    if not (k.endswith("._extra_state") and (k, None) not in RELEASE_KEYS))
         assert got == RELEASE_KEYS
 
     def test_fork_model_round_trips_through_dev_names_exactly(self):

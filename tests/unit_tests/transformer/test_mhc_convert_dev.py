@@ -83,6 +83,19 @@ def fork_contract(hidden_states, head_fn, base, scale, n, eps):
     return out.to(hidden_states.dtype)
 
 
+def with_host_extra_state(model, state):
+    """``state`` plus the model's own Transformer Engine ``_extra_state`` entries it lacks.
+
+    The pinned release key list is the release model's on a machine without TE; on a TE host
+    both models build TE norms, whose ``_extra_state`` a release checkpoint would carry and the
+    converter passes through unchanged. Nothing else may be missing.
+    """
+    missing = set(model.state_dict()) - set(state)
+    assert all(k.endswith("._extra_state") for k in missing), sorted(missing)
+    own = model.state_dict()
+    return {**state, **{k: own[k] for k in missing}}
+
+
 def _run(model, tokens, position_ids, mask):
     seen = {}
     handle = model.mtp.register_forward_hook(lambda m, a, out: seen.setdefault("mtp", out))
@@ -106,7 +119,7 @@ def measure(res_noise, seed=0):
         model = dev_mhc_mtp_model(use_fused_mhc=False, params_dtype=dtype).eval()
         assert model.config.num_residual_streams == NUM_STREAMS
         assert model.config.hidden_size == HIDDEN
-        model.load_state_dict(converted, strict=True)
+        model.load_state_dict(with_host_extra_state(model, converted), strict=True)
         return model.to(dtype)
 
     batch = causal_batch()
@@ -157,7 +170,9 @@ class TestReleaseCheckpointOnDev:
 
         model = dev_mhc_mtp_model(use_fused_mhc=False).eval()
         model.load_state_dict(
-            fork_to_upstream_dev(synthetic_release_state_dict(1, res_noise=1.0), NUM_STREAMS),
+            with_host_extra_state(
+                model, fork_to_upstream_dev(synthetic_release_state_dict(1, res_noise=1.0), NUM_STREAMS)
+            ),
             strict=True,
         )
         m64 = model.decoder.layers[0].self_attention_hyper_connection.double()
