@@ -102,3 +102,32 @@ class TestMoreRanksThanGPUs:
         assert not test_utilities._ranks_need_cpu(1)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         assert not test_utilities._ranks_need_cpu(2)
+
+
+def test_probe_runs_as_on_a_cpu_only_machine():
+    """The target of TestRerunAsOnACpuOnlyMachine; outside such a rerun it has nothing to check."""
+    import importlib
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        pytest.skip("only meaningful inside rerun_as_on_a_cpu_only_machine")
+    assert not torch.cuda.is_available()
+    for name in ("transformer_engine", "apex"):
+        with pytest.raises(ImportError):
+            importlib.import_module(name)
+
+
+class TestRerunAsOnACpuOnlyMachine:
+    def test_the_rerun_has_no_gpu_and_no_cuda_only_libraries(self, monkeypatch, tmp_path):
+        from tests.unit_tests.test_utilities import rerun_as_on_a_cpu_only_machine
+
+        for name in ("transformer_engine", "apex"):  # importable unless the rerun turns them away
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "__init__.py").write_text("")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+        rerun_as_on_a_cpu_only_machine(f"{__file__}::test_probe_runs_as_on_a_cpu_only_machine")
+
+    def test_a_failing_rerun_raises_with_its_output(self):
+        from tests.unit_tests.test_utilities import rerun_as_on_a_cpu_only_machine
+
+        with pytest.raises(AssertionError, match="failed as on a CPU-only machine"):
+            rerun_as_on_a_cpu_only_machine(f"{__file__}::no_such_test")

@@ -15,6 +15,7 @@ import importlib
 import os
 import pickle
 import socket
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -222,3 +223,29 @@ def run_distributed(fn, world_size=2, *args, timeout=300, cpu_ranks=None):
             raise AssertionError(
                 f"distributed run failed (exit codes {codes}):\n" + "\n".join(errors)
             )
+
+
+# The first statement of a Python process that must run as on a CPU-only machine (with
+# CUDA_VISIBLE_DEVICES="" in its environment): Transformer Engine / APEX turned away.
+CPU_ONLY_PREAMBLE = "import sys; sys.modules.update(transformer_engine=None, apex=None)"
+
+
+def rerun_as_on_a_cpu_only_machine(nodeid: str, timeout: int = 600) -> None:
+    """Run the test ``nodeid`` in a fresh pytest process with no GPU and no TE; raise if it fails.
+
+    For tests of CPU-side math that a CUDA host would change (float64 references through modules
+    that become TE's on a TE host, say): called first thing on a CUDA host, the test then runs as
+    it does on a CPU-only machine.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"{CPU_ONLY_PREAMBLE}; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "-q", "-p", "no:cacheprovider", "-x", nodeid],
+        cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{nodeid} failed as on a CPU-only machine (exit {proc.returncode}):\n"
+                             + (proc.stdout + proc.stderr)[-4000:])
+
