@@ -124,7 +124,3 @@ def _install_nvtx_stand_in() -> None:
         return
     if hasattr(hyper_connection, "HyperConnectionModule"):  # upstream's mHC (main) opens ranges
         torch.cuda.nvtx = _NoNvtx()
-
-
-def device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

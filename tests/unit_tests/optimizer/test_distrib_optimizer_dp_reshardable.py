@@ -17,9 +17,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
-from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.optimizer import distopt_cpu
-from tests.unit_tests.test_utilities import Utils, _ranks_need_cpu, run_distributed
+from tests.unit_tests.test_utilities import Utils, _ranks_need_cpu, run_distributed, unit_device
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 # Small buckets (bucket_size applies only with overlap_grad_reduce): about twenty per-bucket
@@ -37,7 +36,7 @@ def build_model_and_optimizer(seed):
     )
     # As in training, Float16Module casts every parameter (norms, position embeddings) to bf16.
     model = DistributedDataParallel(
-        config, ddp_config, Float16Module(config, build_gpt(config, with_mtp=False).to(device()))
+        config, ddp_config, Float16Module(config, build_gpt(config, with_mtp=False).to(unit_device()))
     )
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, bf16=True),
@@ -129,7 +128,7 @@ def _load_and_compare(rank, world_size, ckpt_dir, ref_dir):
             )
             coverage[(name, key)][start:end] += 1
     for (name, key), counts in coverage.items():
-        counts = counts.to(device())  # NCCL reduces only CUDA tensors
+        counts = counts.to(unit_device())  # NCCL reduces only CUDA tensors
         torch.distributed.all_reduce(counts)
         assert torch.all(counts == 1), f"{key} of {name} was not compared exactly once"
 

@@ -17,11 +17,10 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module, mark_keep_in_fp32
 from megatron.core.transformer.moe.router import Router
-from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
 from tests.unit_tests.optimizer import distopt_cpu
 from tests.unit_tests.optimizer.test_distrib_optimizer_dp_reshardable import local_optimizer_shards
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -36,7 +35,7 @@ def build(seed, offload=False):
     for router in (m for m in gpt.modules() if isinstance(m, Router)):
         mark_keep_in_fp32(router.weight)
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True)
-    model = DistributedDataParallel(config, ddp_config, Float16Module(config, gpt.to(device())))
+    model = DistributedDataParallel(config, ddp_config, Float16Module(config, gpt.to(unit_device())))
     extra = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0) if offload else {}
     optimizer = get_megatron_optimizer(
         OptimizerConfig(

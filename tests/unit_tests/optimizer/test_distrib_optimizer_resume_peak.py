@@ -23,10 +23,9 @@ from megatron.core import dist_checkpointing
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
-from tests.unit_tests.cpu_compat import device
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
 from tests.unit_tests.optimizer import distopt_cpu
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 LOAD_BOUND = 0.25
@@ -72,7 +71,7 @@ def build(seed):
     )
     gpt = build_gpt(config, with_mtp=False)
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True)
-    model = DistributedDataParallel(config, ddp_config, Float16Module(config, gpt.to(device())))
+    model = DistributedDataParallel(config, ddp_config, Float16Module(config, gpt.to(unit_device())))
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, bf16=True),
         [model],

@@ -17,7 +17,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     build_gpt,
     causal_batch,
 )
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 from tests.unit_tests.transformer.mtp_testing import train_on_batch
 from tests.unit_tests.transformer.test_hyper_connection import N, mhc_config, mhc_mtp_config
 
@@ -26,7 +26,6 @@ def _mtp_under_sequence_parallel(rank, world_size):
     """TP=2 with sequence parallelism: each rank's MTP layer projects its own sequence shard of
     the n streams (eh_proj gathers the TP-split output, then it is scattered back over the
     sequence), so its inner layer sees [s/tp, b, n*h] like the decoder layers."""
-    from tests.unit_tests import cpu_compat
     from tests.unit_tests.transformer.moe.test_router_replay_ep_sp import (
         _allow_torch_norm_under_sequence_parallel,
     )
@@ -35,7 +34,7 @@ def _mtp_under_sequence_parallel(rank, world_size):
     Utils.initialize_model_parallel(tensor_model_parallel_size=2)
     torch.manual_seed(0)
     cfg = mhc_mtp_config(tensor_model_parallel_size=2, sequence_parallel=True)
-    model = build_gpt(cfg).to(cpu_compat.device())
+    model = build_gpt(cfg).to(unit_device())
     model.eval()
     layer = model.mtp.layers[0]
     original, seen = layer._concat_embeddings, {}

@@ -13,8 +13,7 @@ import torch
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.cpu_compat import device
-from tests.unit_tests.test_utilities import Utils
+from tests.unit_tests.test_utilities import Utils, unit_device
 
 HIDDEN, EXPERTS, TOPK, SEQ, BATCH = 64, 8, 4, 32, 2
 
@@ -44,7 +43,7 @@ def _layer(dispatcher, flag=None, **extra):
     layer = spec.submodules.mlp(config=config, layer_number=1)
     # On a CUDA machine the router moves its gate to the current device at its first gating call,
     # CPU initialization or not; the whole layer goes there.
-    return layer.to(device())
+    return layer.to(unit_device())
 
 
 def _run(layer):
@@ -55,7 +54,7 @@ def _run(layer):
     )
     gen = torch.Generator().manual_seed(4)
     hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).bfloat16()
-    hidden = hidden.to(device()).requires_grad_(True)
+    hidden = hidden.to(unit_device()).requires_grad_(True)
     output, _ = layer(hidden)
     return hidden, output, seen
 

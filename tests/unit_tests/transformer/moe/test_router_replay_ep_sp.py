@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-from tests.unit_tests import cpu_compat
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 from tests.unit_tests.transformer.moe.router_replay_helpers import (
     BATCH,
     SEQ,
@@ -65,7 +64,7 @@ def _replay_matches_recorded_with_ep_and_sp(rank, world_size, dispatcher):
         expert_tensor_parallel_size=1,
     )
     reset_router_replay()
-    device = cpu_compat.device()
+    device = unit_device()
     config = replay_config(
         tensor_model_parallel_size=TP,
         expert_model_parallel_size=EP,

@@ -18,8 +18,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.pipeline_parallel import schedules
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-from tests.unit_tests import cpu_compat
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 from tests.unit_tests.transformer.moe.router_replay_helpers import (
     BATCH,
     SEQ,
@@ -70,7 +69,7 @@ class ScheduleProbe:
 
         def forward_step(data_iterator, chunk):
             tokens, position_ids, mask, m = next(data_iterator)
-            device = cpu_compat.device()
+            device = unit_device()
             self.microbatch = m
             layers = RouterReplay.get_replay_layer_numbers(chunk)
             RouterReplay.set_replay_data({n: replay[m][n] for n in layers}, model=chunk)
@@ -145,7 +144,7 @@ def _forwards_then_backwards(
 def _replay_data(seed, layer_numbers, tokens=TOKENS):
     """Random distinct experts per token, per micro-batch and layer (not what the router picks)."""
     gen = torch.Generator().manual_seed(seed)
-    device = cpu_compat.device()
+    device = unit_device()
     return [
         {
             n: torch.rand(tokens, NUM_EXPERTS, generator=gen).argsort(dim=1)[:, :TOPK].to(device)
@@ -185,7 +184,7 @@ def _chunks(pp, vp, num_layers, **config_overrides):
                 pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 vp_stage=vp_stage,
-            ).to(cpu_compat.device())
+            ).to(unit_device())
         )
     for chunk in chunks:
         chunk.train()

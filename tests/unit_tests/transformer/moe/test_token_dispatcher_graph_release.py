@@ -22,7 +22,7 @@ from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import (
     causal_batch,
     tiny_moe_mtp_config,
 )
-from tests.unit_tests.test_utilities import Utils, run_distributed
+from tests.unit_tests.test_utilities import Utils, run_distributed, unit_device
 
 FULL_RECOMPUTE = dict(
     recompute_granularity="full",
@@ -156,7 +156,6 @@ def _train_step_with_parallel_dispatcher(rank, world_size, dispatcher, sizes):
     """One forward/backward of a tiny MoE GPT whose dispatcher communicates across two ranks:
     the combine then casts to the probs' dtype (``tp > 1 or ep > 1``), the path that needs the
     dtype the dispatcher kept in place of the probs tensor."""
-    from tests.unit_tests import cpu_compat
 
     if dispatcher == "alltoall" and not torch.cuda.is_available():
         _cpu_streams_for_alltoall()
@@ -169,7 +168,7 @@ def _train_step_with_parallel_dispatcher(rank, world_size, dispatcher, sizes):
     config = tiny_moe_mtp_config(
         moe_token_dispatcher_type=dispatcher, mtp_num_layers=None, **sizes
     )
-    model = build_gpt(config, with_mtp=False).to(cpu_compat.device())
+    model = build_gpt(config, with_mtp=False).to(unit_device())
     tokens, position_ids, mask = causal_batch()
     loss = model(tokens, position_ids, mask, labels=tokens)
     assert torch.isfinite(loss).all()
