@@ -15,6 +15,7 @@ PY=${PYTHON:-python3}
 MARK=(-m gpu)
 if [ -n "${GPU_SUITE_PATCHES:-}" ]; then
     GPU_SUITE_PATHS="$("$PY" - "$GPU_SUITE_PATCHES" <<'PYEOF'
+import re
 import sys
 from pathlib import Path
 
@@ -28,7 +29,12 @@ try:
     ids = [t for e in read_series(where / "series").entries for t in parse_patch(where / e.name).tests]
 except RebaseError as exc:
     sys.exit(f"GPU_SUITE_PATCHES={where}: {exc}")
-print(" ".join(sorted({t.split("::", 1)[0] for t in ids})))
+paths = sorted({t.split("::", 1)[0] for t in ids})
+# Each becomes a pytest argument: only a test file under tests/ (no option, no "..", no other path).
+bad = [p for p in paths if not re.fullmatch(r"tests/[A-Za-z0-9_./-]+\.py", p) or ".." in p.split("/")]
+if bad:
+    sys.exit(f"GPU_SUITE_PATCHES={where}: a Tests: trailer names something that is not a test file under tests/: {bad[0]!r}")
+print(" ".join(paths))
 PYEOF
 )" || exit 2
     GPU_SUITE_PATHS="$GPU_SUITE_PATHS tests/integration"

@@ -44,3 +44,16 @@ def test_a_directory_without_a_series_is_named():
     proc = dry_run(GPU_SUITE_PATCHES="docs")
     assert proc.returncode == 2
     assert "GPU_SUITE_PATCHES=docs: no series file" in proc.stderr
+
+
+def test_a_tests_trailer_that_is_not_a_test_file_is_refused(tmp_path):
+    # A pull request's patch could name anything there; it must not become a pytest option.
+    source = ROOT / "patches" / "0047-hybrid-optimizer-device-step-waits-for-d2h.patch"
+    text = source.read_text()
+    marker = "Tests: tests/unit_tests/optimizer/cpu_offloading/test_hybrid_optimizer_stream_order.py"
+    assert marker in text
+    (tmp_path / source.name).write_text(text.replace(marker, "Tests: -pevil_plugin::x"))
+    (tmp_path / "series").write_text(source.name + "\n")
+    proc = dry_run(GPU_SUITE_PATCHES=str(tmp_path))
+    assert proc.returncode == 2, proc.stdout
+    assert "not a test file under tests/: '-pevil_plugin'" in proc.stderr, proc.stderr

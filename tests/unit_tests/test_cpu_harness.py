@@ -4,7 +4,6 @@ Each case runs in a fresh interpreter: the test session itself already installed
 CUDA stand-ins (tests/unit_tests/cpu_compat.py), which would hide what the shipped helper does.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -12,12 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.unit_tests.test_utilities import CPU_ONLY_PREAMBLE, cpu_only_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 
 TRAIN_ONE_STEP = """
-import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
@@ -37,20 +36,12 @@ def train_step():
 """
 
 
-# On a CUDA host the script runs as on the CPU-only machine the harness is for: no visible GPU, and
-# no Transformer Engine or APEX (CUDA-only kernels Megatron would use wherever they import).
-AS_ON_A_CPU_ONLY_MACHINE = "import sys\nsys.modules.update(transformer_engine=None, apex=None)\n"
-
-
 def run_script(body: str) -> subprocess.CompletedProcess:
-    script = TRAIN_ONE_STEP + textwrap.dedent(body)
-    # A fresh process, as a user's script: without the test session's rendezvous variables.
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    if torch.cuda.is_available():
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        script = AS_ON_A_CPU_ONLY_MACHINE + script
-    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    """A fresh process, as a user's script on the CPU-only machine the harness is for (on a CUDA
+    host too: no visible GPU, no Transformer Engine or APEX, no test-session rendezvous)."""
+    script = CPU_ONLY_PREAMBLE + "\n" + TRAIN_ONE_STEP + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=cpu_only_environment(),
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

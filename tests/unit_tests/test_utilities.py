@@ -225,9 +225,21 @@ def run_distributed(fn, world_size=2, *args, timeout=300, cpu_ranks=None):
             )
 
 
-# The first statement of a Python process that must run as on a CPU-only machine (with
-# CUDA_VISIBLE_DEVICES="" in its environment): Transformer Engine / APEX turned away.
-CPU_ONLY_PREAMBLE = "import sys; sys.modules.update(transformer_engine=None, apex=None)"
+# The first statement of a Python process that runs as on a CPU-only machine (with
+# cpu_only_environment()): the CUDA-only libraries turned away before anything imports them.
+CPU_ONLY_PREAMBLE = "import sys; sys.modules.update(" + ", ".join(f"{n}=None" for n in _CUDA_ONLY_LIBRARIES) + ")"
+
+# A test session's own rendezvous, which a fresh process must not inherit.
+_RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def cpu_only_environment(drop_prefixes=()) -> dict:
+    """This process's environment for a fresh one that runs as on a CPU-only machine: no visible
+    GPU, no rendezvous variables, and none whose name starts with one of ``drop_prefixes``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _RENDEZVOUS_VARIABLES and not k.startswith(tuple(drop_prefixes))}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def rerun_as_on_a_cpu_only_machine(nodeid: str, timeout: int = 600) -> None:
@@ -237,8 +249,7 @@ def rerun_as_on_a_cpu_only_machine(nodeid: str, timeout: int = 600) -> None:
     that become TE's on a TE host, say): called first thing on a CUDA host, the test then runs as
     it does on a CPU-only machine.
     """
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
+    env = cpu_only_environment()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = f"{CPU_ONLY_PREAMBLE}; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
     proc = subprocess.run(

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from tests.unit_tests.test_utilities import CPU_ONLY_PREAMBLE, cpu_only_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = "tests.unit_tests.upstream_scenarios"
 
@@ -99,16 +101,12 @@ def run_in_subprocess(tree: Path, specs: list) -> list:
         # The comparison is bitwise on the CPU, on any host: no visible GPU, and Transformer
         # Engine / APEX turned away (their kernels only take CUDA tensors).
         code = (
-            "import sys; sys.modules.update(transformer_engine=None, apex=None); "
-            "sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+            f"{CPU_ONLY_PREAMBLE}; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
             f"from {SCENARIOS} import main; main(sys.argv[3], sys.argv[4])"
         )
         # No flag may leak in by environment, nor the rendezvous of this process's own group
         # (a test that initialized torch.distributed holds MASTER_PORT).
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OPEN_TRAINING_", "PYTHON"))
-               and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        env = cpu_only_environment(drop_prefixes=("OPEN_TRAINING_", "PYTHON"))
         proc = subprocess.run(
             [sys.executable, "-c", code, str(tree), str(ROOT), json.dumps(specs), str(out)],
             cwd=tmp, env=env, capture_output=True, text=True,

@@ -15,7 +15,6 @@ CUDA the second test checks the numbers on real streams, with tensors large enou
 import pytest
 import torch
 
-from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 from tests.unit_tests.optimizer.cpu_offloading.test_hybrid_optimizer_refresh import (
     LR,
     _build,
