@@ -17,6 +17,7 @@ from tests.unit_tests.test_utilities import CPU_ONLY_PREAMBLE, cpu_only_environm
 ROOT = Path(__file__).resolve().parents[2]
 
 TRAIN_ONE_STEP = """
+import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
