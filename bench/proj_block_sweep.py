@@ -2,10 +2,13 @@
 
 The line's ``hyper_connection_fused.proj_rms_compute_h`` (dev's projection + RMS + compute-H, in
 Triton) takes its tile shapes from module constants: ``_PROJ_FWD_{BT,BK,WARPS}`` for the forward
-and ``_PROJ_BWD_{BT,BK,WARPS}`` for the backward. This times the forward alone and forward +
-backward for each candidate at one shape and prints the fastest forward and backward choice, which
-is how the constants in the line's resolution were picked (the sweep's output is kept in
-bench/results/dev-line/). Only the tile shapes change between rows, not the math.
+and ``_PROJ_BWD_{BT,BK,WARPS}`` for the backward's fused schedule; ``_PROJ_BWD_SCHEDULE`` picks
+between that schedule and the split one (a dx pass and a dW pass, tiles ``_PROJ_DX_*`` and
+``_PROJ_DW_*``). This times the forward alone and forward + backward for each candidate at one
+shape, then the split schedule's candidates, and prints the fastest forward and the fastest
+backward (schedule and tiles), which is how the constants in the line's resolution are picked (the
+sweep's output is kept in bench/results/dev-line/). Only the schedule and tile shapes change
+between rows, not the math.
 
     python bench/proj_block_sweep.py --root LINE_TREE [--tokens 16384] [--hidden 4096] [--streams 4]
 """
@@ -21,13 +24,38 @@ from bench.mhc_kernels import gpu_ms  # noqa: E402
 
 NAMES = ("BT", "BK", "WARPS")
 CANDIDATES = [(64, 128, 8), (128, 64, 4), (64, 256, 8), (128, 128, 8), (32, 256, 4), (64, 64, 4)]
+# the split schedule: (dx tokens, dx channels per step, dx channels per program, dx warps),
+# (dW channels, dW tokens per step, dW warps)
+SPLIT_NAMES = (("DX", ("BT", "BK", "CHUNK", "WARPS")), ("DW", ("BK", "BT", "WARPS")))
+SPLIT_CANDIDATES = [
+    ((128, 64, 2048, 4), (128, 64, 4)),
+    ((64, 128, 2048, 4), (128, 64, 4)),
+    ((128, 128, 4096, 8), (128, 64, 4)),
+    ((64, 64, 1024, 4), (256, 64, 8)),
+    ((128, 64, 2048, 4), (256, 32, 8)),
+    ((128, 64, 2048, 4), (64, 128, 4)),
+]
+
+
+def set_tiles(fk, fwd, bwd):
+    """Set the module's tile constants: ``bwd`` is the fused schedule's (BT, BK, WARPS) or the
+    split schedule's ((DX tiles), (DW tiles)); the schedule follows from its form."""
+    for name, value in zip(NAMES, fwd):
+        setattr(fk, "_PROJ_FWD_" + name, value)
+    if isinstance(bwd[0], tuple):
+        fk._PROJ_BWD_SCHEDULE = "split"
+        for (prefix, names), values in zip(SPLIT_NAMES, bwd):
+            for name, value in zip(names, values):
+                setattr(fk, f"_PROJ_{prefix}_{name}", value)
+    else:
+        fk._PROJ_BWD_SCHEDULE = "fused"
+        for name, value in zip(NAMES, bwd):
+            setattr(fk, "_PROJ_BWD_" + name, value)
 
 
 def time_config(fk, fwd, bwd, x, w, params, n, calls):
-    """(forward ms, forward + backward ms) of one pair of tile shapes."""
-    for prefix, values in (("_PROJ_FWD_", fwd), ("_PROJ_BWD_", bwd)):
-        for name, value in zip(NAMES, values):
-            setattr(fk, prefix + name, value)
+    """(forward ms, forward + backward ms) of one forward tile shape and one backward choice."""
+    set_tiles(fk, fwd, bwd)
 
     def forward():
         return fk.proj_rms_compute_h(x, w, *params, n)
@@ -62,8 +90,11 @@ def main(argv=None) -> int:
     w = (torch.randn(n * n + 2 * n, K, device="cuda", generator=g) * 0.02).requires_grad_()
     params = [torch.full((1,), v, device="cuda", requires_grad=True) for v in (0.5, 0.7, 0.9)]
     params.append(torch.zeros(n * n + 2 * n, device="cuda", requires_grad=True))
+    if not hasattr(fk, "_PROJ_BWD_SCHEDULE"):
+        sys.exit(f"proj_block_sweep: {fk.__file__} predates the backward schedules; rebuild the line's tree")
     default = tuple(getattr(fk, f"_PROJ_FWD_{k}") for k in NAMES), tuple(getattr(fk, f"_PROJ_BWD_{k}") for k in NAMES)
-    print(f"tokens {args.tokens}, K {K}, streams {n}; module default fwd {default[0]} bwd {default[1]}")
+    print(f"tokens {args.tokens}, K {K}, streams {n}; module default fwd {default[0]} bwd "
+          f"{fk._PROJ_BWD_SCHEDULE} {default[1]}")  # fmt: skip
     print(f"{'BT, BK, warps':>16} {'fwd ms':>8} {'fwd+bwd ms':>11} {'bwd ms':>8}")
     rows = []
     for cfg in CANDIDATES:
@@ -71,10 +102,18 @@ def main(argv=None) -> int:
         rows.append((cfg, fwd_ms, step_ms - fwd_ms))
         print(f"{str(cfg):>16} {fwd_ms:8.3f} {step_ms:11.3f} {step_ms - fwd_ms:8.3f}")
     best_fwd = min(rows, key=lambda r: r[1])[0]
+    print(f"split schedule, forward {best_fwd}:")
+    print(f"{'dx (BT, BK, chunk, warps), dW (BK, BT, warps)':>46} {'bwd ms':>8}")
+    for cfg in SPLIT_CANDIDATES:
+        fwd_ms, step_ms = time_config(fk, best_fwd, cfg, x, w, params, n, args.calls)
+        rows.append((cfg, fwd_ms, step_ms - fwd_ms))
+        print(f"{str(cfg):>46} {step_ms - fwd_ms:8.3f}")
     best_bwd = min(rows, key=lambda r: r[2])[0]
     fwd_ms, step_ms = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
-    print(f"best: fwd {best_fwd} bwd {best_bwd}: fwd {fwd_ms:.3f} ms, fwd+bwd {step_ms:.3f} ms")
-    print("BEST " + " ".join(str(v) for v in itertools.chain(best_fwd, best_bwd)))
+    schedule = fk._PROJ_BWD_SCHEDULE
+    print(f"best: fwd {best_fwd} bwd {schedule} {best_bwd}: fwd {fwd_ms:.3f} ms, fwd+bwd {step_ms:.3f} ms")
+    flat = itertools.chain(best_fwd, *(best_bwd if schedule == "split" else (best_bwd,)))
+    print(f"BEST {schedule} " + " ".join(str(v) for v in flat))
     return 0
 
 

@@ -225,6 +225,13 @@ class TestAggregateBackwardInterpreter:
         torch.testing.assert_close(hf.grad, rh, atol=BWD_TOL, rtol=BWD_TOL)
 
 
+def _use_schedule(monkeypatch, schedule):
+    """The projection backward's schedule for one test; the split one with 128-channel chunks,
+    so the test widths span several chunks and end in a partial one."""
+    monkeypatch.setattr(_fork_kernels(), "_PROJ_BWD_SCHEDULE", schedule)
+    monkeypatch.setattr(_fork_kernels(), "_PROJ_DX_CHUNK", 128)
+
+
 @pytest.fixture
 def interpreter_bf16_dot():
     """Triton's interpreter (3.9) stores bf16 as uint16 and multiplies those raw bits in
@@ -273,7 +280,9 @@ class TestProjRmsComputeHInterpreter:
             (torch.bfloat16, (9, 3, 50)),  # n = 3: 15 columns
         ],
     )
-    def test_matches_dev_native(self, dtype, shape):
+    @pytest.mark.parametrize("schedule", ["fused", "split"])
+    def test_matches_dev_native(self, dtype, shape, schedule, monkeypatch):
+        _use_schedule(monkeypatch, schedule)
         T, n, C = shape
         # a zero row (r == 0) too, but not in fp16: there dev's dx of that row overflows to inf
         zero_row = None if dtype == torch.float16 else T // 2
@@ -283,10 +292,12 @@ class TestProjRmsComputeHInterpreter:
         # fp32 on both sides (the bf16 split products are exact): a few fp32 roundings apart.
         _assert_proj_close(got, ref, dtype, rel=2e-5)
 
+    @pytest.mark.parametrize("schedule", ["fused", "split"])
     @pytest.mark.parametrize("used", [(0,), (1,), (2,), (3,), (0, 2)])
-    def test_gradient_of_some_outputs_only(self, used):
+    def test_gradient_of_some_outputs_only(self, used, schedule, monkeypatch):
         """Outputs left out of the loss get no gradient (None in the backward): the rest still
         match dev's, including a gradient through r alone."""
+        _use_schedule(monkeypatch, schedule)
         x, w, alphas, bias, grads = _proj_inputs(40, 4, 24, torch.bfloat16, "cpu", seed=5)
         got = _run_proj(_fork_kernels().proj_rms_compute_h, x, w, alphas, bias, 4, grads, used)
         ref = _run_proj(_dev_native_proj(), x, w, alphas, bias, 4, grads, used)
