@@ -7,7 +7,7 @@ per layer spec, each comparison it makes is recorded instead of asserted: the la
 the largest value compared, and for a tensor outside the test's tolerance how many elements and
 which rows. Used to tell an intermittent kernel result from a tolerance set too tight.
 
-    python bench/mla_rope_repeats.py --heads 24 --k-dim 128 --repeats 8     # run from the line's tree
+    python bench/mla_rope_repeats.py --heads 24 --k-dim 128 --repeats 8 [--retune]   # from the line's tree
 """
 
 import argparse
@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--k-dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=8, help="runs per layer spec")
     p.add_argument("--specs", nargs="+", default=["transformer_engine", "local"])
+    p.add_argument("--retune", action="store_true",
+                   help="empty the RoPE kernels' autotuner caches before each run, so every run times "
+                        "the BLOCK_H configs again (the suite's workers each tune once, under load)")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch
@@ -36,7 +39,7 @@ def main(argv=None) -> int:
     def record(actual, expected, rtol=0.0, atol=0.0, msg=None, **_):
         diff = (actual.double() - expected.double()).abs()
         bad = diff > atol + rtol * expected.double().abs()
-        name = msg(" ").strip().rstrip(":") if callable(msg) else "output or input gradient"
+        name = msg(" ").split(":")[0].strip() if callable(msg) else "output or input gradient"
         line = f"  {name[:40]}: max diff {diff.max().item():.3g}, max |value| {expected.abs().max().item():.3g}"
         if bad.any():
             rows = sorted(set(bad.nonzero()[:, 0].tolist()))
@@ -48,9 +51,13 @@ def main(argv=None) -> int:
     for spec in args.specs:
         for i in range(args.repeats):
             seen.clear()
+            if args.retune:
+                for role in mla_test.KERNEL_NAMES:
+                    mla_test._kernel(mla_test.fused_rope, role).cache.clear()
             case.test_fused_vs_unfused_mla_forward_backward(args.heads, args.k_dim, spec)
             outside = [line for bad, line in seen if bad]
-            print(f"{spec} run {i}: {len(outside)} of {len(seen)} compared tensors outside the test's tolerance")
+            print(f"{spec} run {i}: {len(outside)} of {len(seen)} compared tensors outside the test's tolerance; "
+                  f"autotuned BLOCK_H {mla_test._autotuned_block_h()}")  # fmt: skip
             for line in outside or [line for _, line in seen[:3]]:
                 print(line)
     return 0

@@ -319,6 +319,16 @@ def _fixed_block_h(module, block_h):
             tuner.configs = configs
 
 
+def _autotuned_block_h():
+    """The BLOCK_H each kernel's autotuner picked in this process, per tuning key: a failure
+    message names them, so an intermittent mismatch can be tied to the config timing chose."""
+    picked = {}
+    for role in KERNEL_NAMES:
+        cache = getattr(_kernel(fused_rope, role), "cache", None) or {}
+        picked[role] = {str(key): config.kwargs.get("BLOCK_H") for key, config in cache.items()}
+    return picked
+
+
 @pytest.fixture
 def interpreted():
     """The kernel module, whose kernels this process decorated in interpreter mode."""
@@ -484,6 +494,9 @@ class TestMLAYarnRopeKernelsGPU:
             torch.testing.assert_close(dx1, dx0, **tol)
             assert g0 and g0.keys() == g1.keys()
             for name in g0:
-                torch.testing.assert_close(g1[name], g0[name], **tol, msg=lambda m: f"{name}: {m}")
+                torch.testing.assert_close(
+                    g1[name], g0[name], **tol,
+                    msg=lambda m: f"{name}: {m}\nautotuned BLOCK_H: {_autotuned_block_h()}",
+                )  # fmt: skip
         finally:
             Utils.destroy_model_parallel()
