@@ -53,8 +53,30 @@ def set_tiles(fk, fwd, bwd):
             setattr(fk, "_PROJ_BWD_" + name, value)
 
 
-def time_config(fk, fwd, bwd, x, w, params, n, calls):
-    """(forward ms, forward + backward ms) of one forward tile shape and one backward choice."""
+def gradients(fk, x, w, params, n):
+    """dx and dW of one forward + backward with the module's current constants."""
+    for leaf in (x, w, *params):
+        leaf.grad = None
+    outs = fk.proj_rms_compute_h(x, w, *params, n)
+    sum(o.float().sum() for o in outs).backward()
+    return x.grad.float().clone(), w.grad.clone()
+
+
+# what two correct schedules may differ by, relative to each tensor's largest value: dx is
+# rounded to bf16 (one rounding, 2^-8, may land either side), dW is fp32 sums in another order
+DX_SLACK, DW_SLACK = 2.0**-7, 1e-4
+
+
+def differs(got, ref):
+    """got's (dx, dW) differences from ref's, each relative to the tensor's largest value, as a
+    fraction of what two correct schedules may differ by (> 1: other math)."""
+    rel = [((a - b).abs().max() / (b.abs().max() + 1e-30)).item() for a, b in zip(got, ref)]
+    return max(rel[0] / DX_SLACK, rel[1] / DW_SLACK)
+
+
+def time_config(fk, fwd, bwd, x, w, params, n, calls, ref=None):
+    """(forward ms, forward + backward ms, relative difference of dx and dW from ``ref``) of one
+    forward tile shape and one backward choice; None where it failed or ran but differs."""
     set_tiles(fk, fwd, bwd)
 
     def forward():
@@ -64,7 +86,15 @@ def time_config(fk, fwd, bwd, x, w, params, n, calls):
         outs = forward()
         sum(o.float().sum() for o in outs).backward()
 
-    return gpu_ms(forward, calls), gpu_ms(step, calls)
+    try:
+        diff = 0.0 if ref is None else differs(gradients(fk, x, w, params, n), ref)
+        if diff > 1.0:
+            print(f"{str(bwd):>46} gives other gradients ({diff:.1f}x the slack): left out")
+            return None
+        return gpu_ms(forward, calls), gpu_ms(step, calls), diff
+    except Exception as error:  # a candidate that does not compile or launch here is left out
+        print(f"{str(bwd):>46} failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
+        return None
 
 
 def main(argv=None) -> int:
@@ -96,20 +126,27 @@ def main(argv=None) -> int:
     print(f"tokens {args.tokens}, K {K}, streams {n}; module default fwd {default[0]} bwd "
           f"{fk._PROJ_BWD_SCHEDULE} {default[1]}")  # fmt: skip
     print(f"{'BT, BK, warps':>16} {'fwd ms':>8} {'fwd+bwd ms':>11} {'bwd ms':>8}")
+    ref = gradients(fk, x, w, params, n)  # the module's defaults: every candidate is checked against them
     rows = []
     for cfg in CANDIDATES:
-        fwd_ms, step_ms = time_config(fk, cfg, cfg, x, w, params, n, args.calls)
-        rows.append((cfg, fwd_ms, step_ms - fwd_ms))
-        print(f"{str(cfg):>16} {fwd_ms:8.3f} {step_ms:11.3f} {step_ms - fwd_ms:8.3f}")
+        timed = time_config(fk, cfg, cfg, x, w, params, n, args.calls, ref)
+        if timed:
+            fwd_ms, step_ms, _ = timed
+            rows.append((cfg, fwd_ms, step_ms - fwd_ms))
+            print(f"{str(cfg):>16} {fwd_ms:8.3f} {step_ms:11.3f} {step_ms - fwd_ms:8.3f}")
+    if not rows:
+        sys.exit("proj_block_sweep: no candidate of the fused schedule ran")
     best_fwd = min(rows, key=lambda r: r[1])[0]
     print(f"split schedule, forward {best_fwd}:")
-    print(f"{'dx (BT, BK, chunk, warps), dW (BK, BT, warps)':>46} {'bwd ms':>8}")
+    print(f"{'dx (BT, BK, chunk, warps), dW (BK, BT, warps)':>46} {'bwd ms':>8} {'diff/slack':>10}")
     for cfg in SPLIT_CANDIDATES:
-        fwd_ms, step_ms = time_config(fk, best_fwd, cfg, x, w, params, n, args.calls)
-        rows.append((cfg, fwd_ms, step_ms - fwd_ms))
-        print(f"{str(cfg):>46} {step_ms - fwd_ms:8.3f}")
+        timed = time_config(fk, best_fwd, cfg, x, w, params, n, args.calls, ref)
+        if timed:
+            fwd_ms, step_ms, diff = timed
+            rows.append((cfg, fwd_ms, step_ms - fwd_ms))
+            print(f"{str(cfg):>46} {step_ms - fwd_ms:8.3f} {diff:10.2f}")
     best_bwd = min(rows, key=lambda r: r[2])[0]
-    fwd_ms, step_ms = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
+    fwd_ms, step_ms, _ = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
     schedule = fk._PROJ_BWD_SCHEDULE
     print(f"best: fwd {best_fwd} bwd {schedule} {best_bwd}: fwd {fwd_ms:.3f} ms, fwd+bwd {step_ms:.3f} ms")
     flat = itertools.chain(best_fwd, *(best_bwd if schedule == "split" else (best_bwd,)))

@@ -392,14 +392,17 @@ class TestOnGpu:
         torch.testing.assert_close(xf.grad, rx, atol=BWD_TOL, rtol=BWD_TOL)
         torch.testing.assert_close(hf.grad, rh, atol=BWD_TOL, rtol=BWD_TOL)
 
+    @pytest.mark.parametrize("schedule", ["fused", "split"])
     @pytest.mark.parametrize("T,C", [(4096, 1024), (1000, 4096)])
-    def test_projection_op_runs_the_fork_kernel_and_matches_dev_native(self, monkeypatch, T, C):
+    def test_projection_op_runs_the_fork_kernel_and_matches_dev_native(self, monkeypatch, T, C, schedule):
         """dev's public fused_proj_rms_compute_h at real widths (K = 4 * hidden up to 16384, a
         token count not a multiple of the blocks): the fork's kernel runs and meets dev's fused
-        tolerances against dev's native function, outputs and every gradient."""
+        tolerances against dev's native function, outputs and every gradient, with either
+        backward schedule."""
         if dev_kernels.is_cutile_available() or not dev_kernels._TRITON_AVAILABLE:
             pytest.skip("cuTile runs here (it keeps precedence) or Triton is off")
         fk = _fork_kernels()
+        monkeypatch.setattr(fk, "_PROJ_BWD_SCHEDULE", schedule)
         calls, real = [], fk.proj_rms_compute_h
         monkeypatch.setattr(fk, "proj_rms_compute_h", lambda *a: calls.append(1) or real(*a))
         x, w, alphas, bias, grads = _proj_inputs(T, 4, C, torch.bfloat16, "cuda", seed=C, zero_row=3)
