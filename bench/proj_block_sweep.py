@@ -127,24 +127,27 @@ def main(argv=None) -> int:
           f"{fk._PROJ_BWD_SCHEDULE} {default[1]}")  # fmt: skip
     print(f"{'BT, BK, warps':>16} {'fwd ms':>8} {'fwd+bwd ms':>11} {'bwd ms':>8}")
     ref = gradients(fk, x, w, params, n)  # the module's defaults: every candidate is checked against them
-    rows = []
-    for cfg in CANDIDATES:
-        timed = time_config(fk, cfg, cfg, x, w, params, n, args.calls, ref)
-        if timed:
-            fwd_ms, step_ms, _ = timed
-            rows.append((cfg, fwd_ms, step_ms - fwd_ms))
-            print(f"{str(cfg):>16} {fwd_ms:8.3f} {step_ms:11.3f} {step_ms - fwd_ms:8.3f}")
+
+    def sweep(pairs, show):
+        """Time (forward tiles, backward choice) pairs; rows of (backward choice, fwd ms, bwd ms)."""
+        rows = []
+        for fwd, bwd in pairs:
+            timed = time_config(fk, fwd, bwd, x, w, params, n, args.calls, ref)
+            if timed:
+                fwd_ms, step_ms, diff = timed
+                rows.append((bwd, fwd_ms, step_ms - fwd_ms))
+                print(show(bwd, fwd_ms, step_ms, diff))
+        return rows
+
+    rows = sweep([(cfg, cfg) for cfg in CANDIDATES],
+                 lambda cfg, f, s, _: f"{str(cfg):>16} {f:8.3f} {s:11.3f} {s - f:8.3f}")  # fmt: skip
     if not rows:
         sys.exit("proj_block_sweep: no candidate of the fused schedule ran")
     best_fwd = min(rows, key=lambda r: r[1])[0]
     print(f"split schedule, forward {best_fwd}:")
     print(f"{'dx (BT, BK, chunk, warps), dW (BK, BT, warps)':>46} {'bwd ms':>8} {'diff/slack':>10}")
-    for cfg in SPLIT_CANDIDATES:
-        timed = time_config(fk, best_fwd, cfg, x, w, params, n, args.calls, ref)
-        if timed:
-            fwd_ms, step_ms, diff = timed
-            rows.append((cfg, fwd_ms, step_ms - fwd_ms))
-            print(f"{str(cfg):>46} {step_ms - fwd_ms:8.3f} {diff:10.2f}")
+    rows += sweep([(best_fwd, cfg) for cfg in SPLIT_CANDIDATES],
+                  lambda cfg, f, s, d: f"{str(cfg):>46} {s - f:8.3f} {d:10.2f}")  # fmt: skip
     best_bwd = min(rows, key=lambda r: r[2])[0]
     fwd_ms, step_ms, _ = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
     schedule = fk._PROJ_BWD_SCHEDULE
