@@ -22,6 +22,7 @@ BENCHMARKS = {
     "dev_mhc_ops": ("dev_mhc_ops.py", "GPU", "upstream dev's native-fallback mHC ops vs the fork's Triton kernels (upstream-dev line)"),
     "mla_rope_repeats": ("mla_rope_repeats.py", "GPU", "the MLA layer's fused-vs-unfused RoPE comparison repeated: where runs differ"),
     "proj_block_sweep": ("proj_block_sweep.py", "GPU", "backward schedule and tile shapes of the upstream-dev line's projection kernels, the fastest"),
+    "triton_resources": ("triton_resources.py", "CPU", "registers, spills and MMA kinds of the upstream-dev line's projection kernels, compiled for sm_90 without a GPU"),
     "mhc_convert_crosscheck": ("mhc_convert_crosscheck.py", "CPU", "the converter test's float64 reference against the release line's model, across the two trees"),
     "rl_logprob_gap": ("rl_logprob_gap.py", "CPU/GPU", "bf16 training log-probs vs a float64 reference, per RL precision option"),
     "report_corpus": ("report_corpus.py", "CPU", "report accuracy on Megatron-LM's own cherry-picks (needs a mirror)"),
