@@ -111,7 +111,9 @@ def main(argv=None) -> int:
     if not hasattr(fk, "_PROJ_BWD_SCHEDULE"):
         sys.exit(f"triton_resources: {fk.__file__} has no projection kernels with backward schedules "
                  "(not the upstream-dev line's tree)")  # fmt: skip
-    print(f"sm_90, {args.streams} streams, bf16 activations; module {fk.__file__}")
+    import triton
+
+    print(f"sm_90 by Triton {triton.__version__}, {args.streams} streams, bf16 activations; module {fk.__file__}")
     print(f"{'kernel':<15} {'tiles':<26} {'smem B':>7} {'regs':>5} {'stack':>6} {'wgmma':>6} {'mma.sync':>9}")
     seen = set()
     for label, role, consts, warps in cases(fk, args.streams, args.candidates):
