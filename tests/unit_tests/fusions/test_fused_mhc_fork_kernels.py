@@ -134,6 +134,15 @@ class TestBackendSelection:
         outs = dev_kernels.fused_proj_rms_compute_h(x, w, *alphas, bias, 2)
         assert len(outs) == 4 and outs[0].shape == (6, 2)
 
+    def test_unknown_backward_schedule_is_refused_by_name(self, monkeypatch):
+        """A misspelt _PROJ_BWD_SCHEDULE stops the backward with its name and the choices,
+        before any kernel runs, instead of falling back to one of the schedules."""
+        fk = _fork_kernels()
+        monkeypatch.setattr(fk, "_PROJ_BWD_SCHEDULE", "splitt")
+        x, proj = torch.zeros(4, 8), torch.zeros(4, 16)
+        with pytest.raises(ValueError, match=r"_PROJ_BWD_SCHEDULE is 'splitt'; expected one of \('fused', 'split'\)"):
+            fk._proj_backward(None, None, None, None, x, None, proj, None, None, None, None, None, 2, 1e-6)
+
     def test_projection_takes_only_dev_cuda_fp32_parameters(self):
         """The projection kernel takes dev's op only with CUDA tensors, x [T > 0, K] of an
         activation dtype and dev's fp32 mapping parameters of its shapes; otherwise native."""
