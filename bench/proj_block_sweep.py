@@ -150,7 +150,10 @@ def main(argv=None) -> int:
     rows += sweep([(best_fwd, cfg) for cfg in SPLIT_CANDIDATES],
                   lambda cfg, f, s, d: f"{str(cfg):>46} {s - f:8.3f} {d:10.2f}")  # fmt: skip
     best_bwd = min(rows, key=lambda r: r[2])[0]
-    fwd_ms, step_ms, _ = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
+    timed = time_config(fk, best_fwd, best_bwd, x, w, params, n, args.calls)
+    if timed is None:
+        sys.exit(f"proj_block_sweep: the chosen pair fwd {best_fwd} bwd {best_bwd} did not run again")
+    fwd_ms, step_ms, _ = timed
     schedule = fk._PROJ_BWD_SCHEDULE
     print(f"best: fwd {best_fwd} bwd {schedule} {best_bwd}: fwd {fwd_ms:.3f} ms, fwd+bwd {step_ms:.3f} ms")
     flat = itertools.chain(best_fwd, *(best_bwd if schedule == "split" else (best_bwd,)))

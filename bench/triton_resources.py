@@ -76,18 +76,21 @@ def resources(fn, signature, constexprs, num_warps, num_stages=3, arch=90):
 def cases(fk, n, candidates):
     """(label, kernel role, constexprs, warps) to compile: the module's constants, and with
     ``candidates`` every tile choice bench/proj_block_sweep.py times."""
-    NW = n * n + 2 * n
-    NP = max(16, 1 << (NW - 1).bit_length())
+    NW = fk._mapping_width(n)
+    NP = fk._padded_width(NW)
     fwd = [(fk._PROJ_FWD_BT, fk._PROJ_FWD_BK, fk._PROJ_FWD_WARPS)]
     bwd = [(fk._PROJ_BWD_BT, fk._PROJ_BWD_BK, fk._PROJ_BWD_WARPS)]
-    split = [((fk._PROJ_DX_BT, fk._PROJ_DX_BK, fk._PROJ_DX_CHUNK, fk._PROJ_DX_WARPS),
-              (fk._PROJ_DW_BK, fk._PROJ_DW_BT, fk._PROJ_DW_WARPS))]  # fmt: skip
+    split = []
+    if hasattr(fk, "_proj_dx_kernel"):  # trees before the split schedule have only the fused one
+        split = [((fk._PROJ_DX_BT, fk._PROJ_DX_BK, fk._PROJ_DX_CHUNK, fk._PROJ_DX_WARPS),
+                  (fk._PROJ_DW_BK, fk._PROJ_DW_BT, fk._PROJ_DW_WARPS))]  # fmt: skip
     if candidates:
         from bench import proj_block_sweep
 
         fwd += [c for c in proj_block_sweep.CANDIDATES if c not in fwd]
         bwd += [c for c in proj_block_sweep.CANDIDATES if c not in bwd]
-        split += [c for c in proj_block_sweep.SPLIT_CANDIDATES if c not in split]
+        if split:
+            split += [c for c in proj_block_sweep.SPLIT_CANDIDATES if c not in split]
     for BT, BK, W in fwd:
         yield f"(BT {BT}, BK {BK}, {W} warps)", "forward", dict(NW=NW, NP=NP, BT=BT, BK=BK, X_PARTS=1), W
     for BT, BK, W in bwd:
@@ -108,8 +111,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(args.root).resolve()))
     from megatron.core.transformer import hyper_connection_fused as fk
 
-    if not hasattr(fk, "_PROJ_BWD_SCHEDULE"):
-        sys.exit(f"triton_resources: {fk.__file__} has no projection kernels with backward schedules "
+    if not hasattr(fk, "_proj_bwd_kernel"):
+        sys.exit(f"triton_resources: {fk.__file__} has no projection kernels "
                  "(not the upstream-dev line's tree)")  # fmt: skip
     import triton
 

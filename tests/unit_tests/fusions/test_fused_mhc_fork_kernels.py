@@ -234,11 +234,22 @@ class TestAggregateBackwardInterpreter:
         torch.testing.assert_close(hf.grad, rh, atol=BWD_TOL, rtol=BWD_TOL)
 
 
-def _use_schedule(monkeypatch, schedule):
-    """The projection backward's schedule for one test; the split one with 128-channel chunks,
-    so the test widths span several chunks and end in a partial one."""
-    monkeypatch.setattr(_fork_kernels(), "_PROJ_BWD_SCHEDULE", schedule)
-    monkeypatch.setattr(_fork_kernels(), "_PROJ_DX_CHUNK", 128)
+def _use_schedule(monkeypatch, schedule, chunk=128):
+    """The projection backward's schedule for one test; the split one with ``chunk``-channel
+    chunks (small, so the interpreter's widths span several and end in a partial one; None keeps
+    the module's). Returns the list of the
+    schedules whose kernels then ran (both compute the same values, so the values alone cannot
+    tell which one did)."""
+    fk = _fork_kernels()
+    monkeypatch.setattr(fk, "_PROJ_BWD_SCHEDULE", schedule)
+    if chunk is not None:
+        monkeypatch.setattr(fk, "_PROJ_DX_CHUNK", chunk)
+    ran = []
+    for name in ("fused", "split"):
+        real = getattr(fk, f"_proj_backward_{name}")
+        monkeypatch.setattr(fk, f"_proj_backward_{name}",
+                            lambda *a, _name=name, _real=real: ran.append(_name) or _real(*a))  # fmt: skip
+    return ran
 
 
 @pytest.fixture
@@ -291,13 +302,14 @@ class TestProjRmsComputeHInterpreter:
     )
     @pytest.mark.parametrize("schedule", ["fused", "split"])
     def test_matches_dev_native(self, dtype, shape, schedule, monkeypatch):
-        _use_schedule(monkeypatch, schedule)
+        ran = _use_schedule(monkeypatch, schedule)
         T, n, C = shape
         # a zero row (r == 0) too, but not in fp16: there dev's dx of that row overflows to inf
         zero_row = None if dtype == torch.float16 else T // 2
         x, w, alphas, bias, grads = _proj_inputs(T, n, C, dtype, "cpu", seed=sum(shape), zero_row=zero_row)
         got = _run_proj(_fork_kernels().proj_rms_compute_h, x, w, alphas, bias, n, grads)
         ref = _run_proj(_dev_native_proj(), x, w, alphas, bias, n, grads)
+        assert ran == [schedule], ran
         # fp32 on both sides (the bf16 split products are exact): a few fp32 roundings apart.
         _assert_proj_close(got, ref, dtype, rel=2e-5)
 
@@ -306,9 +318,10 @@ class TestProjRmsComputeHInterpreter:
     def test_gradient_of_some_outputs_only(self, used, schedule, monkeypatch):
         """Outputs left out of the loss get no gradient (None in the backward): the rest still
         match dev's, including a gradient through r alone."""
-        _use_schedule(monkeypatch, schedule)
+        ran = _use_schedule(monkeypatch, schedule)
         x, w, alphas, bias, grads = _proj_inputs(40, 4, 24, torch.bfloat16, "cpu", seed=5)
         got = _run_proj(_fork_kernels().proj_rms_compute_h, x, w, alphas, bias, 4, grads, used)
+        assert ran == [schedule], ran
         ref = _run_proj(_dev_native_proj(), x, w, alphas, bias, 4, grads, used)
         for i, (a, b) in enumerate(zip(got[1], ref[1])):
             if b is None:  # dev's graph gives no gradient there (e.g. r alone: no weight path)
@@ -411,12 +424,13 @@ class TestOnGpu:
         if dev_kernels.is_cutile_available() or not dev_kernels._TRITON_AVAILABLE:
             pytest.skip("cuTile runs here (it keeps precedence) or Triton is off")
         fk = _fork_kernels()
-        monkeypatch.setattr(fk, "_PROJ_BWD_SCHEDULE", schedule)
+        ran = _use_schedule(monkeypatch, schedule, chunk=None)
         calls, real = [], fk.proj_rms_compute_h
         monkeypatch.setattr(fk, "proj_rms_compute_h", lambda *a: calls.append(1) or real(*a))
         x, w, alphas, bias, grads = _proj_inputs(T, 4, C, torch.bfloat16, "cuda", seed=C, zero_row=3)
         got = _run_proj(dev_kernels.fused_proj_rms_compute_h, x, w, alphas, bias, 4, grads)
         assert calls == [1], "dev's fused_proj_rms_compute_h did not run the fork's kernel"
+        assert ran == [schedule], ran
         ref = _run_proj(dev_kernels._torch_proj_rms_compute_h, x, w, alphas, bias, 4, grads)
         for a, b in zip(got[0] + got[1], ref[0] + ref[1]):
             assert a.dtype == b.dtype and a.shape == b.shape
