@@ -32,14 +32,14 @@ KERNELS = {
 }
 
 
-def tools_dir():
-    """The directory of the ptxas / cuobjdump that Triton's NVIDIA backend ships."""
-    import triton.backends.nvidia as nvidia
+def cuobjdump_path() -> str:
+    """The cuobjdump Triton itself uses (its ``knobs``: the wheel's copy, or TRITON_CUOBJDUMP_PATH)."""
+    import triton
 
-    path = Path(nvidia.__file__).parent / "bin"
-    if not (path / "cuobjdump").exists():
-        sys.exit(f"triton_resources: no cuobjdump in {path} (this Triton wheel has no NVIDIA tools)")
-    return path
+    try:
+        return triton.knobs.nvidia.cuobjdump.path
+    except Exception as missing:  # a Triton without NVIDIA tools, or without knobs (older than 3.4)
+        sys.exit(f"triton_resources: Triton {triton.__version__} gives no cuobjdump ({missing})")
 
 
 def resources(fn, signature, constexprs, num_warps, num_stages=3, arch=90):
@@ -56,7 +56,7 @@ def resources(fn, signature, constexprs, num_warps, num_stages=3, arch=90):
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"triton_resources_{os.getpid()}.cubin"
     try:
         cubin.write_bytes(kernel.asm["cubin"])
-        dump = subprocess.run([str(tools_dir() / "cuobjdump"), "-res-usage", str(cubin)],
+        dump = subprocess.run([cuobjdump_path(), "-res-usage", str(cubin)],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     finally:
         cubin.unlink(missing_ok=True)

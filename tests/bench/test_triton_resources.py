@@ -28,7 +28,7 @@ def tool():
     from bench import triton_resources
 
     try:
-        triton_resources.tools_dir()
+        triton_resources.cuobjdump_path()
     except SystemExit as missing:
         pytest.skip(str(missing))
     return triton_resources
