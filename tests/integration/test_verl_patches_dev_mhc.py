@@ -67,14 +67,9 @@ def _cpu_streams(monkeypatch):
 
 
 def _model(setup, **overrides):
-    from tests.unit_tests.transformer.test_dev_mhc_line import flatten_stream_projection
     from tests.unit_tests.transformer.test_dev_mhc_multistream import dev_mhc_mtp_model
 
-    te = setup == "te"
-    model = dev_mhc_mtp_model(te=te, use_fused_mhc=setup != "unfused", **overrides)
-    if not te:
-        flatten_stream_projection(model)  # local linear only: see that helper
-    return model
+    return dev_mhc_mtp_model(te=setup == "te", use_fused_mhc=setup != "unfused", **overrides)
 
 
 def _batch(setup):

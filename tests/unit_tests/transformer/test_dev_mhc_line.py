@@ -44,22 +44,6 @@ class TestPipelineInference:
         assert tuple(streams.shape) == (5, 3, N * 32)
 
 
-def flatten_stream_projection(model):
-    """dev's mHC MTP layer runs h_proj on ``[s, b, n, h]``; the local (non-TE) linear's weight
-    gradient takes at most 3 dims. Route the call through ``[s, b*n, h]`` (same numbers), so the
-    model trains on CPU; this is a test shim, not what is tested."""
-    for layer in model.mtp.layers:
-        proj = layer.h_proj
-        forward = proj.forward
-
-        def flat(x, *args, _forward=forward, **kwargs):
-            s, b, n, h = x.shape
-            out, bias = _forward(x.reshape(s, b * n, h), *args, **kwargs)
-            return out.reshape(s, b, n, out.shape[-1]), bias
-
-        proj.forward = flat
-
-
 RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 
 
@@ -74,7 +58,6 @@ class TestReclaimWithDevMHC:
         model = dev_mhc_mtp_model(recompute_reclaim_inputs=reclaim, **RECOMPUTE)
         if state is not None:
             model.load_state_dict(state)
-        flatten_stream_projection(model)
         chunk_inputs, mtp_seen = {}, {}
 
         def keep(store, key, value):  # a forward pre-hook must return None
