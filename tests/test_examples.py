@@ -40,6 +40,47 @@ def test_example_runs(script):
     assert not noise, "\n".join(noise)
 
 
+DEV_EXAMPLES = sorted((ROOT / "examples" / "upstream_dev").glob("*.py"))
+
+
+def _tree_with_dev_mhc(tmp_path):
+    """A source root whose megatron/ is the upstream-dev line's: this checkout's when the line is
+    applied here, else one built from the mirror in FORK_DEV_MIRROR; None when neither is at hand
+    (CI cannot fetch upstream dev)."""
+    from megatron.core.transformer import hyper_connection
+
+    if hasattr(hyper_connection, "learned_output_contract"):  # dev's mHC: the line is applied here
+        return ROOT
+    mirror = os.environ.get("FORK_DEV_MIRROR")
+    if not mirror:
+        return None
+    tree = tmp_path / "upstream-dev"
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "tree", "--line", "upstream-dev",
+                           "--mirror", mirror, str(tree)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"FORK_DEV_MIRROR={mirror}: the line's tree was not built:\n" + proc.stderr[-3000:]
+    return tree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", DEV_EXAMPLES, ids=[p.stem for p in DEV_EXAMPLES])
+def test_upstream_dev_example_runs(script, tmp_path):
+    """examples/upstream_dev/ runs on the upstream-dev line's tree, where it is at hand."""
+    tree = _tree_with_dev_mhc(tmp_path)
+    if tree is None:
+        pytest.skip("needs the upstream-dev line's tree: apply --line upstream-dev here, or set "
+                    "FORK_DEV_MIRROR to a Megatron-LM clone holding the line's pin")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")])))
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.rstrip().endswith("ok"), proc.stdout[-3000:]
+    noise = [line for line in proc.stderr.splitlines() if re.search(r"megatron/\S+\.py:\d+: \w*Warning", line)]
+    assert not noise, "\n".join(noise)
+
+
 def test_the_examples_drop_only_upstreams_gptmodel_notice(caplog, monkeypatch):
     import logging
 
