@@ -4,6 +4,8 @@ Used on the GPU machine for upstream's own unit tests with Transformer Engine: t
 the same pass/fail verdict as upstream on every test, so the table lists counts per file and then
 every test whose outcome differs between the two runs.
 Usage: python3 bench/junit_compare.py fork.xml upstream.xml
+A side run in several pytest processes (shards) is given as its files joined by commas:
+fork-0.xml,fork-1.xml.
 """
 
 import collections
@@ -11,8 +13,16 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def outcomes(path):
-    """{test id: outcome} of one junit file; a missing or truncated file is an error naming it."""
+def outcomes(paths):
+    """{test id: outcome} of one side's junit files (comma-separated); a missing or truncated file
+    is an error naming it."""
+    result = {}
+    for path in paths.split(","):
+        result.update(_outcomes(path))
+    return result
+
+
+def _outcomes(path):
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as exc:
