@@ -29,6 +29,7 @@ BENCHMARKS = {
     "int4_kernel": ("int4_kernel.py", "GPU", "INT4 fake-QAT quantize-dequantize: torch reference vs the fused kernel"),
     "te_gpu_batch": ("te_gpu_batch.sh", "GPU host", "batches for a GPU host: TE tests, GPU suite, benches, mutants"),
     "line_trees": ("line_trees.sh", "CPU", "the trees a GPU run of a line carries (needs a Megatron-LM mirror)"),
+    "dev_line_gpu": ("dev_line_gpu.sh", "GPU host", "the upstream-dev line against pristine dev: dev's tests, the suite, the mHC bench"),
     "junit_compare": ("junit_compare.py", "CPU", "compare two junit-xml runs (fork vs upstream verdicts per test)"),
     "rebase_bench": ("rebase_bench.py", "CPU", "bump vs raw git rebase + range-diff (target <= 1.5x)"),
     "report_bench": ("report_bench.py", "CPU", "report on a 25-patch stack across 1,200 upstream commits (target <= 2 s)"),
