@@ -54,6 +54,9 @@ pack() {
 
 unpack() { [ -d "$TREES" ] || tar -xzf "$PACK" || { echo "no $PACK: run 'pack MIRROR' first and carry it"; exit 1; }; }
 
+# pytest on the node ids listed in a file (one a line; an id may hold spaces), then the other args.
+RUN_IDS='import sys, pytest; ids = [l for l in open(sys.argv[1]).read().splitlines() if l]; sys.exit(pytest.main(ids + sys.argv[2:]))'
+
 # Dev's tests once per side: the side's megatron/ alone first on PYTHONPATH, dev's tests/ as cwd,
 # SHARDS pytest processes (the collected ids dealt round robin), each with its own NCCL port.
 dev_tests() {
@@ -66,7 +69,7 @@ dev_tests() {
     for i in $(seq 0 $((shards - 1))); do
       awk -v n="$shards" -v i="$i" 'NR % n == i' "$OUT/$name-$side.ids" > "$OUT/$name-$side-$i.ids"
       (cd "$TREES/devtests" && MASTER_PORT=$port PYTHONPATH=/tmp/side-$side:/tmp/site timeout ${UT_TIMEOUT:-540} \
-        python3 -m pytest $(cat "$OUT/$name-$side-$i.ids") -p no:cacheprovider -q \
+        python3 -c "$RUN_IDS" "$OUT/$name-$side-$i.ids" -p no:cacheprovider -q \
         --junitxml="$OUT/$name-$side-$i.xml" > "$OUT/$name-$side-$i.log" 2>&1) &
       port=$((port + 1))
     done
