@@ -65,7 +65,13 @@ dev_tests() {
   for side in line dev; do
     mkdir -p "/tmp/side-$side" && ln -sfn "$PWD/$TREES/$side/megatron" "/tmp/side-$side/megatron"
     (cd "$TREES/devtests" && PYTHONPATH=/tmp/side-$side:/tmp/site python3 -m pytest $files --collect-only -q \
-      -p no:cacheprovider 2>/dev/null | grep '::' > "$OUT/$name-$side.ids")
+      -p no:cacheprovider > "$OUT/$name-$side.collect" 2>&1)
+    grep '::' "$OUT/$name-$side.collect" > "$OUT/$name-$side.ids"
+    if [ ! -s "$OUT/$name-$side.ids" ]; then
+      # dev's tests/unit_tests/conftest.py imports click and requests (its dataset download).
+      echo "dev_line_gpu: no test of $files collected on the $side tree:"; tail -n 15 "$OUT/$name-$side.collect"
+      return 1
+    fi
     for i in $(seq 0 $((shards - 1))); do
       awk -v n="$shards" -v i="$i" 'NR % n == i' "$OUT/$name-$side.ids" > "$OUT/$name-$side-$i.ids"
       (cd "$TREES/devtests" && MASTER_PORT=$port PYTHONPATH=/tmp/side-$side:/tmp/site timeout ${UT_TIMEOUT:-540} \
