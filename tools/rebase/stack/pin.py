@@ -31,6 +31,9 @@ class Pin:
     url: str = ""
     commit: str = ""
     ref: str = ""
+    # A git pin's tree digest (stack/archive.py): lets a build without a mirror take upstream's
+    # archive of the commit instead of its history, checked against this.
+    tree_sha256: str = ""
 
     @property
     def label(self) -> str:
@@ -64,6 +67,8 @@ class Pin:
             lines += [f'url = "{_escape(self.url)}"', f'commit = "{self.commit}"']
             if self.ref:
                 lines.append(f'ref = "{_escape(self.ref)}"')
+            if self.tree_sha256:
+                lines.append(f'tree_sha256 = "{self.tree_sha256}"')
         return "\n".join(lines) + "\n"
 
 
@@ -138,8 +143,11 @@ def pin_from_table(table: dict, where: str) -> Pin:
             )
         ref = table.get("ref", "")
         ref = names.git_ref(ref, where) if ref != "" else ""  # every field is checked before the URL is judged
+        tree_sha256 = table.get("tree_sha256", "")
+        if tree_sha256 != "" and (not isinstance(tree_sha256, str) or not _SHA256.match(tree_sha256)):
+            raise RebaseError(f"{where}: tree_sha256 must be a string of 64 lowercase hex digits, got {tree_sha256!r}")
         url = allowed_git_url(names.pinned_git_url(table["url"], where), where)
-        return Pin("git", url=url, commit=commit, ref=ref)
+        return Pin("git", url=url, commit=commit, ref=ref, tree_sha256=tree_sha256)
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
 

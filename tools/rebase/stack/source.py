@@ -245,8 +245,11 @@ def base_tag(pin: Pin) -> str:
     return f"upstream/{pin.label}"
 
 
-def import_base(work: Path, cache: Path, pin: Pin) -> str:
-    """Make sure the pinned base is a tagged commit in ``work``; return its commit id."""
+def import_base(work: Path, cache: Path, pin: Pin, from_archive: bool = False) -> str:
+    """Make sure the pinned base is a tagged commit in ``work``; return its commit id.
+
+    ``from_archive``: a git pin's commit no mirror, local path or cache holds comes from upstream's
+    archive of it, checked against the pin's ``tree_sha256`` (stack/archive.py), not its history."""
     ensure_work_repo(work)
     tag = base_tag(pin)
     # One cat-file call: the tagged commit's id and its message (which records the verified hash).
@@ -260,10 +263,16 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
         message = f"Upstream {pin.package} {pin.version}\n\nsdist sha256: {pin.sha256}\n"
         commit = _commit_tree(work, tree, message, mtime)
     else:
-        real = fetch_git_commit(work, cache, pin.url, pin.commit)
-        tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+        real = fetch_git_commit(work, cache, pin.url, pin.commit, network=not from_archive)
+        if real:
+            tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+            when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
+        else:  # not at hand, and the archive was asked for
+            from tools.rebase.stack.archive import verified_archive, write_tree
+
+            entries, when = verified_archive(cache, pin, lambda msg: print(msg, file=sys.stderr))
+            tree = write_tree(work, entries)
         _refuse_links_in_package(work, tree, pin)
-        when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
         message = f"Upstream {pin.url} at {pin.commit}\n\nref: {pin.ref or '(none)'}\n"
         commit = _commit_tree(work, tree, message, when)
     git("tag", "-f", tag, commit, cwd=work)
@@ -432,8 +441,9 @@ def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
     return commit
 
 
-def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
-    """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists."""
+def fetch_git_commit(work: Path, cache: Path, url: str, commit: str, network: bool = True) -> str:
+    """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists. Without
+    ``network``, "" when only a remote fetch would bring it (the caller takes an archive)."""
     if not rev_parse(work, commit):
         names.git_url(url, "git source")
         with _git_cache(cache, url) as mirror:
@@ -441,6 +451,8 @@ def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
             _borrow(mirror, local_objects)
             _borrow(work / ".git", local_objects)
             if not rev_parse(mirror, commit):
+                if not network and url not in MIRRORS and not names.is_local_path(url):
+                    return ""
                 proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
                 if proc.returncode != 0 or not rev_parse(mirror, commit):
                     raise RebaseError(
