@@ -3,10 +3,10 @@ per patch, in series order, each with its patch's message and trailers.
 
 This is the form RL teams install and read a fork in (``pip install git+URL@BRANCH``, ``git log``):
 the branch's tree is upstream's tree with the patches, installed by upstream's own packaging. It is
-made from the work repo ``apply`` builds (the base plus one commit per patch, fixed identities and
-dates): each patch commit is written again, byte for byte the same object but for its parent, on
-the real upstream commit (a git pin) or on the base commit of the sdist's tree (a sdist pin). So
-publishing twice gives the same ids, and ``check --published`` recomputes them to compare.
+made as ``apply`` makes the work repo's commits (``git am`` of each patch file, the tool's fixed
+committer, the patch's author and date), but on the real upstream commit (a git pin) or on the
+base commit of the sdist's tree (a sdist pin). So publishing twice, anywhere, gives the same ids,
+and ``check --published`` recomputes them to compare.
 """
 
 from pathlib import Path
@@ -37,25 +37,18 @@ def upstream_commit(layout) -> str:
 
 
 def published_commits(layout) -> list:
-    """Write, in the work repo, the branch's commits for the stack ``apply`` built last; return
-    ``[(patch commit, published commit)]`` in series order (ids only depend on the stack)."""
-    state = read_state(layout)
-    base, tip = state.get("base", ""), state.get("tip", "")
-    if not base or not tip:
+    """Build, in the work repo, the branch's commits: the series applied on the upstream commit
+    as ``apply`` applies it (``git am``, the tool's fixed committer, dates from the patches), so
+    the ids depend on the patch files and the pin alone, never on the work repo's own history.
+    Returns ``[(patch name, commit)]`` in series order."""
+    from tools.rebase.stack.series import load_stack
+    from tools.rebase.stack.stack import build
+
+    if not read_state(layout).get("base"):
         raise RebaseError(f"{layout.work}: no applied stack; run `python -m tools.rebase apply{layout.line_flag}`")
-    work = layout.work
-    patches = git("rev-list", "--reverse", "--first-parent", f"{base}..{tip}", cwd=work).split()
-    parent = upstream_commit(layout)
-    out = []
-    for commit in patches:
-        raw = git("cat-file", "commit", commit, cwd=work, binary=True)
-        header, sep, message = raw.partition(b"\n\n")
-        kept = [line for line in header.split(b"\n") if not line.startswith((b"tree ", b"parent "))]
-        tree = git("rev-parse", f"{commit}^{{tree}}", cwd=work).strip()
-        body = b"\n".join([f"tree {tree}".encode(), f"parent {parent}".encode(), *kept]) + sep + message
-        parent = git("hash-object", "-t", "commit", "-w", "--stdin", cwd=work, input=body).strip()
-        out.append((commit, parent))
-    return out
+    _, patches = load_stack(layout)
+    commits = build(layout.work, upstream_commit(layout), [p.path for p in patches], three_way=True)
+    return [(p.name, c) for p, c in zip(patches, commits)]
 
 
 def checkout_repository(layout) -> Path:
@@ -112,8 +105,7 @@ def verify_published(layout, branch: str) -> list:
     if len(chain) != len(commits) + 1 or chain[0] != root:
         problems.append(f"{branch}: its first {len(commits)} commit(s) do not sit on upstream {root[:12]} "
                         f"({len(commits)} patch(es) in the series)")
-    names = [(git("log", "-1", "--format=%s", c, cwd=layout.work).strip()) for c, _ in commits]
-    for (published, name), found in zip(zip([p for _, p in commits], names), chain[1:]):
+    for (name, published), found in zip(commits, chain[1:]):
         if found != published:
             problems.append(f"{branch}: the commit of {name!r} is {found[:12]}, not {published[:12]} (its tree, "
                             f"message, author or parent differs from the series)")
