@@ -103,3 +103,15 @@ def test_the_default_archive_is_githubs_of_the_pinned_repository(monkeypatch):
     assert archive_url(pin) == f"https://codeload.github.com/NVIDIA/Megatron-LM/tar.gz/{'d' * 40}"
     with pytest.raises(RebaseError, match="no archive URL is known"):
         archive_url(Pin("git", url="/some/path", commit="d" * 40))
+
+
+def test_the_tree_digest_line_leaves_the_stack_digest_as_it_was():
+    """Recording a commit's tree digest changes nothing apply builds: proof records and the version
+    label stay current (the line's committed proof.json keeps matching); the commit still counts."""
+    from tools.rebase.stack.stack import stack_digest
+
+    pin = b'[upstream]\nkind = "git"\nurl = "https://github.com/NVIDIA/Megatron-LM.git"\ncommit = "' + b"a" * 40 + b'"\n'
+    with_digest = pin + b'tree_sha256 = "' + b"0" * 64 + b'"\n'
+    other_commit = pin.replace(b"a" * 40, b"b" * 40)
+    assert stack_digest(with_digest, b"s", [b"p"]) == stack_digest(pin, b"s", [b"p"])
+    assert stack_digest(other_commit, b"s", [b"p"]) != stack_digest(pin, b"s", [b"p"])

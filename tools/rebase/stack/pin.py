@@ -72,6 +72,17 @@ class Pin:
         return "\n".join(lines) + "\n"
 
 
+# A git pin's tree digest is a check value of its commit (the same commit always has the same one, and
+# an archive that does not match is refused): it changes nothing apply builds, so the stack digest
+# (proof records, the version label) is taken without its line.
+_TREE_DIGEST_LINE = re.compile(rb'^tree_sha256 = "[0-9a-f]{64}"\r?\n?', re.M)
+
+
+def digested_pin_bytes(pin_bytes: bytes) -> bytes:
+    """The pin file's bytes as the stack digest reads them: without the ``tree_sha256`` line."""
+    return _TREE_DIGEST_LINE.sub(b"", pin_bytes)
+
+
 def allowed_package(name: str, where: str) -> str:
     """The pin names ``megatron-core``: a pull request that points it at another project (with
     that project's own hash) must not make CI fetch it. ``FORK_REBASE_ALLOW_PACKAGE=NAME[,NAME]``
