@@ -125,6 +125,8 @@ def line_arguments() -> list:
         sys.exit(f"{LINE_ENV}={line!r}: no such line in {ROOT / 'lines'} (lines: {', '.join(known) or 'none'}; "
                  f"leave it unset for the release line)")
     mirror = os.environ.get(MIRROR_ENV, "")
+    if mirror and not os.path.isabs(mirror):  # pip runs this in the source folder, not where it was typed
+        sys.exit(f"{MIRROR_ENV}={mirror!r}: give the clone's absolute path")
     return ["--line", line, *(["--mirror", mirror] if mirror else ["--from-archive"])]
 
 
