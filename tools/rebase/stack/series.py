@@ -123,17 +123,18 @@ def parse_trailers(message: str) -> dict:
     paragraphs = [p for p in re.split(r"\n\s*\n", message.strip()) if p.strip()]
     if len(paragraphs) < 2:
         return {}
-    trailers = {}
-    last_key = None
+    found = []  # (key, [value, folded continuations...]): joined once, in linear time
     for line in paragraphs[-1].splitlines():
         m = _TRAILER.match(line)
         if m:
-            last_key = m["key"]
-            trailers.setdefault(last_key, []).append(m["value"].strip())
-        elif line[:1].isspace() and last_key:  # folded continuation
-            trailers[last_key][-1] += " " + line.strip()
+            found.append((m["key"], [m["value"].strip()]))
+        elif line[:1].isspace() and found:  # folded continuation
+            found[-1][1].append(line.strip())
         else:
             return {}
+    trailers = {}
+    for key, values in found:
+        trailers.setdefault(key, []).append(" ".join(values))
     return trailers
 
 
