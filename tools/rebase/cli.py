@@ -18,7 +18,7 @@ def _use_pin_mirror(args, lay) -> None:
     if not getattr(args, "mirror", None):
         return
     from tools.rebase.stack.pin import load_pin
-    from tools.rebase.stack.source import use_mirror
+    from tools.rebase.stack.gitsource import use_mirror
 
     pin = load_pin(lay.pin)
     if pin.kind != "git":

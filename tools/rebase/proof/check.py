@@ -144,6 +144,9 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     except RebaseError as exc:
         return [str(exc)]
     log(f"pin parsed (base not imported): {pin.display}")
+    if pin.kind == "git":
+        log(f"pin anchoring NOT verified: whether commit {pin.commit[:12]} is on a branch or tag of {pin.url} "
+            f"(not a pull request's) needs upstream; `check` with the base (or --mirror PATH) verifies it")
     problems, parsed, _ = lint_series(layout)
     if not problems:
         log(f"series ok: {len(parsed)} patches")
