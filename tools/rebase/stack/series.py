@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tools.rebase.git import names
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.stack import mailheaders
 from tools.rebase.errors import RebaseError
 
@@ -49,7 +50,7 @@ def read_series(path: Path) -> Series:
         raise RebaseError(f"{path}: series file is missing")
     entries, pending = [], []
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_nofollow(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RebaseError(f"{path}: not UTF-8 ({exc})") from None
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -184,7 +185,7 @@ def parse_patch(path: Path) -> PatchFile:
     where = str(path)
     _refuse_link(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_nofollow(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RebaseError(f"{where}: not UTF-8 ({exc})") from None
     lines = text.split("\n")
