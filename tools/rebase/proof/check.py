@@ -20,6 +20,7 @@ from tools.rebase.stack.series import (
 )
 from tools.rebase.stack.source import import_base
 from tools.rebase.stack.stack import build, export_range
+from tools.rebase.proof.hidden_unicode import hidden_controls
 from tools.rebase.proof.testids import missing_test
 
 
@@ -67,6 +68,7 @@ def lint_series(layout):
             why = missing_test(layout.root, node_id)
             if why:
                 problems.append(f"{shown}/{entry.name}: Tests: {node_id}: {why}")
+        problems += hidden_controls(patch, f"{shown}/{entry.name}")
     for path in sorted(layout.patches.glob("*.patch")):
         if path.name not in listed:
             problems.append(f"{shown}/{path.name}: not listed in {shown}/series")
