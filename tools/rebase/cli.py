@@ -67,6 +67,10 @@ def _cmd_check(args, lay):
         _use_pin_mirror(args, lay)
         with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
             problems = check(lay, strict_records=args.strict_records)
+    if args.strict_records:  # the release check reads the report pair too (report/ sits above proof/)
+        from tools.rebase.report.records import report_record_problems
+
+        problems += report_record_problems(lay)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
