@@ -227,7 +227,7 @@ def check(layout, log=print, strict_records: bool = False) -> list:
     tip = commits[-1] if commits else base
     fresh = dict(export_range(layout.work, base, tip))
     for patch in parsed:
-        if fresh.get(patch.path.name) != patch.path.read_bytes():
+        if fresh.get(patch.path.name) != read_nofollow(patch.path):
             problems.append(
                 f"{layout.rel(layout.patches)}/{patch.path.name}: differs from a fresh export (edited by hand, or "
                 f"exported with other flags); run apply then export to regenerate it"
