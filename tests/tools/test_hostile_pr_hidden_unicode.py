@@ -35,3 +35,11 @@ def test_plain_unicode_in_added_lines_passes(tmp_path):
                                                                                 "alpha line 20\n" + line)})])
     proc = tool(fork.root, "check", cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_hidden_control_in_a_file_name_fails_check_by_name(tmp_path):
+    name = "megatron/core/util\u202eyp.py"  # shows as "utilpy.py"-like text, reversed
+    fork = committed_fork(tmp_path, stack=STACK + [("named", {name: "x = 1\n"})])
+    proc = tool(fork.root, "check", cache=tmp_path / "cache")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "patches/0003-named.patch: it changes the file" in proc.stderr and "U+202E" in proc.stderr, proc.stderr

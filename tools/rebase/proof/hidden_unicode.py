@@ -28,11 +28,14 @@ def _name(char: str) -> str:
 
 def hidden_controls(patch, shown: str) -> list:
     """One problem per added line of ``patch`` (a parsed ``PatchFile``) that holds a hidden
-    control; ``shown`` is the patch file as the report names it."""
+    control, and per file name that does; ``shown`` is the patch file as the report names it."""
+    problems = [f"{shown}: it changes the file {path!r}, whose name holds "
+                f"{', '.join(dict.fromkeys(_name(c) for c in path if c in HIDDEN))}: a bidirectional or "
+                f"invisible control in a file name shows another name than git uses"
+                for path in patch.files if any(c in HIDDEN for c in path)]
     if not patch.added_at:
-        return []
+        return problems
     lines = read_nofollow(patch.path).decode("utf-8").split("\n")  # parse_patch read and checked it
-    problems = []
     for patch_line, target, new_line in patch.added_at:
         text = lines[patch_line - 1][1:]
         found = [c for i, c in enumerate(text) if c in HIDDEN and not (c == "\ufeff" and i == 0)]
