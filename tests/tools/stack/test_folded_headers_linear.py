@@ -1,7 +1,8 @@
 """Issue 56, item 6: folded mail-header lines (and folded trailers) are joined in linear time. The
 old parser appended each fold to the joined string, copying it every time: a 2.4 MB patch took 31 s
 to parse. The bound is relative (4x the folds must cost well under 16x the time, which quadratic
-joining takes), so the test does not depend on the machine's speed."""
+joining takes), so the test does not depend on the machine's speed; it counts the process's own CPU
+time (the best of five runs), which other processes on a shared machine do not add to."""
 
 import time
 
@@ -33,11 +34,12 @@ def _patch(folds: int, where: str) -> str:
 def _parse_seconds(tmp_path, folds: int, where: str) -> float:
     path = tmp_path / f"{where}-{folds}.patch"
     path.write_text(_patch(folds, where))
+    patch = parse_patch(path)  # warm: the first parse pays for imports and caches
     best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        patch = parse_patch(path)
-        best = min(best, time.perf_counter() - started)
+    for _ in range(5):
+        started = time.process_time()
+        parse_patch(path)
+        best = min(best, time.process_time() - started)
     if where == "header":
         assert patch.subject.count("word") == 12 * folds  # every fold was joined
     else:
@@ -46,7 +48,7 @@ def _parse_seconds(tmp_path, folds: int, where: str) -> float:
 
 
 def _assert_linear(tmp_path, where: str) -> None:
-    small, large = 6_000, 24_000
+    small, large = 8_000, 32_000
     ratio = _parse_seconds(tmp_path, large, where) / max(_parse_seconds(tmp_path, small, where), 1e-4)
     assert ratio < 8, f"4x the folded lines took {ratio:.1f}x the time (linear: ~4x, quadratic: ~16x)"
 
