@@ -19,7 +19,7 @@ def _use_pin_mirror(args, lay) -> None:
     if not getattr(args, "mirror", None):
         return
     from tools.rebase.stack.pin import load_pin
-    from tools.rebase.stack.source import use_mirror
+    from tools.rebase.stack.gitsource import use_mirror
 
     pin = load_pin(lay.pin)
     if pin.kind != "git":
@@ -72,6 +72,10 @@ def _cmd_check(args, lay):
         from tools.rebase.commands.publish_cli import published_problems
 
         problems = [*problems, *published_problems(lay, args.published)]
+    if args.strict_records:  # the release check reads the report pair too (report/ sits above proof/)
+        from tools.rebase.report.records import report_record_problems
+
+        problems = [*problems, *report_record_problems(lay)]
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:

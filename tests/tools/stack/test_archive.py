@@ -37,9 +37,11 @@ def test_a_commits_digest_is_its_archives_and_the_archive_imports_as_the_same_tr
 def remote_line(tmp_path, monkeypatch):
     """The fork's line ``dev`` pinned to the upstream commit by a URL this machine cannot reach,
     with its tree digest; the commit's archive served from a local folder."""
-    from tools.rebase.stack import source
+    from tools.rebase.stack import gitsource
 
-    monkeypatch.setattr(source, "MIRRORS", {})  # --mirror is remembered per process: not another test's
+    monkeypatch.setattr(gitsource, "MIRRORS", {})  # --mirror is remembered per process: not another test's
+    # The pin's URL is unreachable, so its branches cannot anchor the commit: a rehearsal's setting.
+    monkeypatch.setenv("FORK_REBASE_ALLOW_UNANCHORED_PIN", "1")
     fork, line, dev = fork_with_dev_line(tmp_path)
     digest = commit_tree_digest(fork.upstream, dev)
     line.layout.pin.write_text(f'[upstream]\nkind = "git"\nurl = "{REMOTE}"\ncommit = "{dev}"\n'

@@ -6,7 +6,8 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 from tools.rebase.stack.materialize import local_edits
 from tools.rebase.stack.pin import Pin, parse_spec, pin_from_table
-from tools.rebase.stack.source import download_sdist, git_tree_digest, resolve_git_ref, sha256_file
+from tools.rebase.stack.gitsource import git_tree_digest, resolve_git_ref
+from tools.rebase.stack.source import download_sdist, sha256_file
 
 
 def _pin_from_toml(text: str) -> Pin:
@@ -25,10 +26,8 @@ def resolve_spec(layout, spec: str) -> Pin:
     if local.exists():
         url = str(local.resolve())
     commit = resolve_git_ref(layout.cache, url, b)
-    # An abbreviated id (d98e8a64) is pinned as the full id it resolved to, not kept as a ref. The
-    # tree digest goes with it, so a build without a mirror can check upstream's archive of it.
-    return Pin("git", url=url, commit=commit, ref="" if commit.startswith(b) else b,
-               tree_sha256=git_tree_digest(layout.cache, url, commit))
+    # An abbreviated id (d98e8a64) is pinned as the full id it resolved to, not kept as a ref.
+    return Pin("git", url=url, commit=commit, ref="" if commit.startswith(b) else b)
 
 
 def _base_label(pin: Pin) -> str:

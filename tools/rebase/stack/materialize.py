@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -110,11 +111,26 @@ def _hash_tree(root: Path) -> dict:
             if entry.is_symlink():
                 out[prefix + name] = f"symlink -> {os.readlink(entry.path)}"
             else:
-                with open(entry.path, "rb") as f:
-                    out[prefix + name] = hashlib.sha256(f.read()).hexdigest()
+                out[prefix + name] = _file_digest(entry.path)
 
     walk(str(root), "")
     return out
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a regular file, streamed; a FIFO or device (an unpacked archive can carry one in
+    ``megatron/``) is recorded as such, never opened for a read that would block or never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return "not a regular file"
+        h = hashlib.sha256()
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+        return h.hexdigest()
 
 
 def refuse_symlinks(tree: Path) -> None:
@@ -140,8 +156,8 @@ def local_edits(target: Path) -> list:
     if not manifest_path.is_file():
         return ["(no manifest: this megatron/ was not written by tools.rebase)"]
     try:
-        recorded = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        recorded = json.loads(read_nofollow(manifest_path))  # regular, bounded, never through a link
+    except (RebaseError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         return [f"(the manifest {MANIFEST} is corrupt: {exc}; cannot tell which files were edited)"]
     if not isinstance(recorded, dict):
         return [f"(the manifest {MANIFEST} is corrupt: not a JSON object)"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.rebase.git import names
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.errors import RebaseError
 
 PACKAGE = "megatron-core"
@@ -116,7 +117,7 @@ def _escape(value: str) -> str:
 
 def load_pin(path: Path) -> Pin:
     try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+        data = tomllib.loads(read_nofollow(path).decode("utf-8"))  # a regular file, bounded, no link
     except FileNotFoundError:
         raise RebaseError(f"{path}: upstream pin file is missing") from None
     except UnicodeDecodeError as exc:
