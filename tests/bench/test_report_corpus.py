@@ -67,12 +67,16 @@ def test_score_counts_pairs_and_absorption_against_the_key():
     assert (s["named_right"], s["named"], s["unjudged"], s["unjudged_said"]) == (1, 2, 1, 1)
 
 
-@pytest.mark.skipif(not (rc.MIRROR / "objects").is_dir(), reason="no Megatron-LM mirror on this machine")
+MIRROR = rc.mirror_path()
+
+
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "objects").is_dir(),
+                    reason=f"set {rc.MIRROR_ENV} to a bare clone of Megatron-LM")
 def test_key_on_a_real_release_branch():
-    tip, main_tip = rc.git(rc.MIRROR, "rev-parse", "refs/heads/core_r0.19.0", "refs/heads/main").split()
-    base = rc.git(rc.MIRROR, "merge-base", main_tip, tip).strip()
-    mine = rc.read_commits(rc.MIRROR, f"{base}..{tip}")
-    main = rc.read_commits(rc.MIRROR, f"{base}..{main_tip}")
+    tip, main_tip = rc.git(MIRROR, "rev-parse", "refs/heads/core_r0.19.0", "refs/heads/main").split()
+    base = rc.git(MIRROR, "merge-base", main_tip, tip).strip()
+    mine = rc.read_commits(MIRROR, f"{base}..{tip}")
+    main = rc.read_commits(MIRROR, f"{base}..{main_tip}")
     key = rc.pick_key(mine, main)
     subjects = {sha: s for sha, s, _ in mine + main}
     assert len(key) >= 5

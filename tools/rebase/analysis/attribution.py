@@ -111,28 +111,45 @@ class Attribution:
         return w, w / size_old if size_old else 0.0, w / size_new if size_new else 0.0
 
 
-def _credit(old_lines: list, new_lines: list, o2n: dict) -> dict:
-    """Edges: each old line goes to its paired new commit when that commit has it, the rest are
-    shared in proportion among the new commits that add the line and have copies left."""
-    left_old = [Counter(c) for c in old_lines]
-    left_new = [Counter(c) for c in new_lines]
-    edges = Counter()
-    for i, j in o2n.items():
-        for t, n in left_old[i].items():
-            m = min(n, left_new[j].get(t, 0))
-            if m:
-                edges[(i, j)] += m
-                left_old[i][t] -= m
-                left_new[j][t] -= m
+def placed_lines(commit) -> dict:
+    """``signed_lines`` as ``{token: Counter(path: copies)}``: where in the tree each line is."""
+    cached = commit.__dict__.get("_placed_lines")
+    if cached is None:
+        wanted = signed_lines(commit)
+        sign = next(iter(wanted))[0] if wanted else "+"
+        cached = {}
+        for f in commit.files:
+            for line in f.signed:
+                text = line[1:].strip()
+                if line[:1] == sign and _meaningful(text):
+                    cached.setdefault(sign + text, Counter())[f.path] += 1
+        commit.__dict__["_placed_lines"] = cached
+    return {t: Counter(paths) for t, paths in cached.items()}
+
+
+def _take(placed: dict, token: str, n: float, path: str = "") -> None:
+    """Take ``n`` copies of ``token`` out of ``placed`` (``placed_lines``), ``path``'s first."""
+    paths = placed.get(token, {})
+    for p in sorted(paths, key=lambda q: (q != path, q)):
+        m = min(n, paths[p])
+        paths[p] -= m
+        n -= m
+        if n <= 1e-12:
+            break
+
+
+def _share(edges: Counter, left_old: list, left_new: list) -> None:
+    """Each line copy left is shared in proportion among the new commits that hold it (keys of any
+    kind: ``(path, token)`` or token), taken out of both sides."""
     holders_new = {}
     for j, c in enumerate(left_new):
         for t, n in c.items():
-            if n > 0:
+            if n > 1e-12:
                 holders_new.setdefault(t, []).append(j)
     holders_old = {}
     for i, c in enumerate(left_old):
         for t, n in c.items():
-            if n > 0:
+            if n > 1e-12:
                 holders_old.setdefault(t, []).append(i)
     for t, olds in holders_old.items():
         news = holders_new.get(t)
@@ -144,7 +161,52 @@ def _credit(old_lines: list, new_lines: list, o2n: dict) -> dict:
         for i in olds:
             for j in news:
                 edges[(i, j)] += matched * left_old[i][t] / total_old * left_new[j][t] / total_new
+        for i in olds:
+            left_old[i][t] -= matched * left_old[i][t] / total_old
+        for j in news:
+            left_new[j][t] -= matched * left_new[j][t] / total_new
+
+
+def _credit(old_lines: list, new_lines: list, o2n: dict, old_placed=None, new_placed=None) -> dict:
+    """Edges: each old line goes to its paired new commit when that commit has it, the rest are
+    shared in proportion among the new commits that add the line and have copies left: first
+    those adding it to the same file (``old_placed``/``new_placed``: ``placed_lines`` counts), then
+    any. A line many commits repeat (a decorator, a marker) then goes where it went in the tree."""
+    left_old = [Counter(c) for c in old_lines]
+    left_new = [Counter(c) for c in new_lines]
+    old_placed = [Counter(c) for c in old_placed] if old_placed is not None else None
+    new_placed = [Counter(c) for c in new_placed] if new_placed is not None else None
+    edges = Counter()
+    for i, j in o2n.items():
+        for t, n in left_old[i].items():
+            m = min(n, left_new[j].get(t, 0))
+            if m:
+                edges[(i, j)] += m
+                left_old[i][t] -= m
+                left_new[j][t] -= m
+                if old_placed is not None:
+                    paths = sorted(old_placed[i].get(t, ()))
+                    _take(old_placed[i], t, m, paths[0] if paths else "")
+                    _take(new_placed[j], t, m, paths[0] if paths else "")
+    if old_placed is not None:  # same file first, then any
+        at_old, at_new = [_at_paths(c) for c in old_placed], [_at_paths(c) for c in new_placed]
+        _share(edges, at_old, at_new)
+        left_old = [_by_token(c) for c in at_old]
+        left_new = [_by_token(c) for c in at_new]
+    _share(edges, left_old, left_new)
     return dict(edges)
+
+
+def _at_paths(placed: dict) -> Counter:
+    return Counter({(p, t): n for t, paths in placed.items() for p, n in paths.items() if n > 1e-12})
+
+
+def _by_token(at_paths: Counter) -> Counter:
+    out = Counter()
+    for (_, t), n in at_paths.items():
+        if n > 1e-12:
+            out[t] += n
+    return out
 
 
 def _real(w: float, share_old: float, share_new: float) -> bool:
@@ -180,7 +242,11 @@ def attribute(old: list, new: list, o2n: dict, in_base=None) -> Attribution:
     in_base = in_base or {}
     old_lines = [signed_lines(c) - in_base.get(i, Counter()) for i, c in enumerate(old)]
     new_lines = [signed_lines(c) for c in new]
-    edges = _credit(old_lines, new_lines, o2n)
+    old_placed = [placed_lines(c) for c in old]
+    for i, gone in in_base.items():  # lines in the base are nobody's evidence
+        for t, n in gone.items():
+            _take(old_placed[i], t, n)
+    edges = _credit(old_lines, new_lines, o2n, old_placed, [placed_lines(c) for c in new])
     att = Attribution(edges, [sum(c.values()) for c in old_lines], [sum(c.values()) for c in new_lines], [])
     paired_new = set(o2n.values())
     for (i, j) in sorted(edges):

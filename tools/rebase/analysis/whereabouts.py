@@ -54,7 +54,7 @@ def search(repo, candidates: dict, upstream: list, upstream_range, lines, bases:
     for i in unfound:  # its text in files the stacks never touched, or a re-implementation
         c = candidates[i]
         kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
-        if kind == "absorbed":
+        if kind == "absorbed" and verdict[i] != "absent":  # a line repeated elsewhere is no move
             absorbed[i] = (commit, how)
         elif reverse_applies(repo, new_base, c.diff):
             absorbed[i] = ("", "its change is already in the new base")

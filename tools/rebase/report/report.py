@@ -158,7 +158,7 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
         if sha in by_commit:
             absorbed[by_commit[sha]] = (commit, how)
     lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
-    in_base = inbase.lines_in_base(repo, old_base, new_base, old)
+    in_base = inbase.lines_in_base(repo, old_base, new_base, old, new)
     for i, (n, total) in sorted(inbase.mostly_in_base(old, in_base).items()):
         if i not in absorbed and i not in dropped:  # absorption weighs before any pairing
             absorbed[i] = _in_base_absorber(repo, old[i], lines.live(old[i]) if upstream else [],
