@@ -187,18 +187,32 @@ def subject_words(subject: str) -> set:
     return {w.lower() for w in _WORDS.findall(subject)} - _COMMON
 
 
-def reshape(rows: list, made: dict, order: dict) -> tuple:
+def changed_lines(repo, commit: str) -> list:
+    """The commit's added and removed lines, sorted (no context, no offsets)."""
+    out = git(repo, "show", "--format=", "--no-color", "-U0", commit)
+    return sorted(line for line in out.splitlines() if line[:1] in "+-" and not line.startswith(("+++ ", "--- ")))
+
+
+def whole(repo, made: dict) -> set:
+    """The originals whose replay onto the new base is the same change (same changed lines): no
+    part of them is in the new base already, so the fork alone decides where they go."""
+    return {sha for sha, replayed in made.items() if changed_lines(repo, sha) == changed_lines(repo, replayed)}
+
+
+def reshape(rows: list, made: dict, order: dict, eligible=None) -> tuple:
     """``(units, shapes)``: the replayed commits ``rows`` (``read_commits`` rows, old order; only
-    those in ``made`` count) cut in runs of up to 8, and in each run of at least 4: the first commit
+    those in ``made`` count), those of them ``eligible`` (default: all) cut in runs of up to 8, and
+    in each run of at least 4: the first commit
     and the first later one two places on or more whose subject shares no word with it regrouped
     (the commit after the first stays on its own, so they are no neighbours), then one commit
     dropped, then two neighbours of the old stack (``order``: position in it) squashed. ``shapes``:
     ``{"dropped": [sha], "regrouped": [(a, b)], "merged": [(a, b)]}``."""
     live = [r for r in rows if r[0] in made]
+    pool = [r for r in live if eligible is None or r[0] in eligible]
     shapes = {"dropped": [], "regrouped": [], "merged": []}
     together, drop, alone = {}, set(), set()
-    for k in range(0, len(live), 8):
-        run = live[k:k + 8]
+    for k in range(0, len(pool), 8):
+        run = pool[k:k + 8]
         if len(run) < 4:
             continue
         first = run[0]
@@ -334,7 +348,7 @@ def run_branch(repo: Path, mirror: Path, branch: str, work: Path) -> tuple:
     n_tip, n_made, there = replay(repo, new_base, kept, work)
     # the fork reshapes its new stack: drops, regroups, squashes (keyed only where they replayed)
     order = {c[0]: k for k, c in enumerate(mine)}
-    units, shapes = reshape(kept, n_made, order)
+    units, shapes = reshape(kept, n_made, order, whole(repo, n_made))
     n_tip, n_made, _ = replay_units(repo, new_base, units, work)
     shapes = realized(shapes, n_made, mine)
     back = {v: k for k, v in b_made.items()}

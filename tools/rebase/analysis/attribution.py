@@ -31,10 +31,14 @@ CROSS_SHARE = 0.2  # ... and this share of both sides' lines
 PART_SHARE = 0.4  # a commit folded into (split off) a paired one brings (holds) this share
 
 
+def _wordy(text: str) -> bool:
+    return len(text) >= 6 and bool(_WORDY.search(text))
+
+
 def _meaningful(text: str) -> bool:
     """A line that can tell commits apart (not a bare bracket, ``else:``, ``return`` or an import
     many patches share)."""
-    return len(text) >= 6 and bool(_WORDY.search(text)) and not _IMPORT.match(text)
+    return _wordy(text) and not _IMPORT.match(text)
 
 
 def sided(commit) -> tuple:
@@ -46,6 +50,10 @@ def sided(commit) -> tuple:
         for t in commit.tokens:
             if _meaningful(t[1:]):
                 (plus if t[0] == "+" else minus)[t[1:]] += 1
+        if not plus and not minus:  # a commit of imports only: they are all it has to be traced by
+            for t in commit.tokens:
+                if _wordy(t[1:]):
+                    (plus if t[0] == "+" else minus)[t[1:]] += 1
         cached = commit.__dict__["_sided_lines"] = (plus, minus)
     return cached
 
@@ -121,7 +129,7 @@ def placed_lines(commit) -> dict:
         for f in commit.files:
             for line in f.signed:
                 text = line[1:].strip()
-                if line[:1] == sign and _meaningful(text):
+                if line[:1] == sign and wanted.get(sign + text):
                     cached.setdefault(sign + text, Counter())[f.path] += 1
         commit.__dict__["_placed_lines"] = cached
     return {t: Counter(paths) for t, paths in cached.items()}
@@ -242,11 +250,23 @@ def attribute(old: list, new: list, o2n: dict, in_base=None) -> Attribution:
     in_base = in_base or {}
     old_lines = [signed_lines(c) - in_base.get(i, Counter()) for i, c in enumerate(old)]
     new_lines = [signed_lines(c) for c in new]
+    new_placed = [placed_lines(c) for c in new]
+    removals = {t for c in old_lines for t in c if t[0] == "-"}  # old commits that only remove lines
+    for j, c in enumerate(new):  # ... are traced by the same removals in a new commit that also adds
+        extra = Counter({"-" + t: n for t, n in sided(c)[1].items() if "-" + t in removals}) \
+            if any(t[0] == "+" for t in new_lines[j]) else Counter()
+        if extra:
+            new_lines[j] += extra
+            for f in c.files:
+                for line in f.signed:
+                    token = "-" + line[1:].strip()
+                    if line[:1] == "-" and token in extra:
+                        new_placed[j].setdefault(token, Counter())[f.path] += 1
     old_placed = [placed_lines(c) for c in old]
     for i, gone in in_base.items():  # lines in the base are nobody's evidence
         for t, n in gone.items():
             _take(old_placed[i], t, n)
-    edges = _credit(old_lines, new_lines, o2n, old_placed, [placed_lines(c) for c in new])
+    edges = _credit(old_lines, new_lines, o2n, old_placed, new_placed)
     att = Attribution(edges, [sum(c.values()) for c in old_lines], [sum(c.values()) for c in new_lines], [])
     paired_new = set(o2n.values())
     for (i, j) in sorted(edges):

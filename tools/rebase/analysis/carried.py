@@ -41,6 +41,8 @@ class Carried:
 
     @property
     def verdict(self) -> str:
+        if not self.added and not self.removed:
+            return "touched"  # no line to judge by (an empty file, a mode change)
         if self.removed and self.gone < GONE_SHARE * self.removed and not self.present:
             return "absent"
         if not self.removed and not self.present and self.names_there < max(1, NAMES_SHARE * self.names):
