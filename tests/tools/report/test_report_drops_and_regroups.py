@@ -195,3 +195,79 @@ def test_a_squash_of_neighbours_or_of_one_topic_or_named_stays_merged(tmp_path):
             ["router: fp32 logits"]) in shape, shape
     assert ("merged", ["checkpoint: async save", "cli: parse the new flags"], ["checkpoint: async save"]) in shape
     assert not [r for r in shape if r[0] == "regrouped"]
+
+
+# ------------------------------------------------------------------ lines that cannot place a commit alone
+
+
+MARK = "@pytest.mark.internal\n"
+
+
+def _tests_file(tag):
+    return "import pytest\n\n\n" + "".join(f"def test_{tag}_{i}():\n    assert True\n\n\n" for i in range(6))
+
+
+def test_a_marker_line_other_commits_repeat_goes_with_its_file(tmp_path):
+    """Old #1 marks a test in t1.py with a line old #3 also adds in t2.py and t3.py; old #1 and old
+    #4 went into one new commit: old #1's line is traced by the file it is in, not shared out."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {"t1.py": _tests_file("a"), "t2.py": _tests_file("b"), "t3.py": _tests_file("c"),
+                     "f.py": numbered("f"), "g.py": numbered("g")}, "upstream 1.0")
+    mark_a = replace_line("def test_a_2", MARK + "def test_a_2")
+    mark_b = {"t2.py": replace_line("def test_b_1", MARK + "def test_b_1"),
+              "t3.py": replace_line("def test_c_4", MARK + "def test_c_4")}
+    old_tip = branch_of_patches(repo, b0, [
+        ({"t1.py": mark_a}, "tests: mark the slow a-test internal"),
+        ({"f.py": append(ROUTE)}, "router: fp32 logits"),
+        ({**mark_b, "g.py": append(CKPT)}, "checkpoint: async save, its tests internal"),
+        ({"f.py": append(DOCS)}, "docs: fix broken links"),
+    ], "old")
+    new_tip = branch_of_patches(repo, b0, [
+        ({"f.py": append(ROUTE)}, "router: fp32 logits"),
+        ({**mark_b, "g.py": append(CKPT)}, "checkpoint: async save, its tests internal"),
+        ({"t1.py": mark_a, "f.py": append(DOCS)}, "Release cleanups"),
+    ], "new")
+    shape = _shape(build_report(repo, b0, old_tip, b0, new_tip)["mapping"])
+    assert ("regrouped", ["tests: mark the slow a-test internal", "docs: fix broken links"], ["Release cleanups"]) \
+        in shape, shape
+
+
+def test_a_commit_that_only_removes_lines_is_traced_into_a_commit_that_adds(tmp_path):
+    """Old #1 only removes an unused name from an import list; the new commit that holds old #2's
+    feature removes it too: merged with its neighbour, not dropped."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {"f.py": "from engine import (\n    ChunkOverflowError,\n    DynamicEngine,\n)\n" + numbered("f"),
+                     "g.py": numbered("g")}, "upstream 1.0")
+    unused = replace_line("    ChunkOverflowError,\n", "")
+    old_tip = branch_of_patches(repo, b0, [
+        ({"f.py": unused}, "Remove the unused ChunkOverflowError import"),
+        ({"g.py": append(CKPT)}, "checkpoint: async save"),
+    ], "old")
+    new_tip = branch_of_patches(repo, b0, [({"f.py": unused, "g.py": append(CKPT)}, "checkpoint: async save")], "new")
+    shape = _shape(build_report(repo, b0, old_tip, b0, new_tip)["mapping"])
+    assert shape == [("merged", ["Remove the unused ChunkOverflowError import", "checkpoint: async save"],
+                      ["checkpoint: async save"])], shape
+
+
+def test_marker_lines_upstream_added_elsewhere_in_the_file_are_not_the_patch_s(tmp_path):
+    """Upstream marked other tests of the same file with the line the patch adds; the new stack still
+    marks the patch's own test, in a commit regrouped with another: the patch went there, it was not
+    absorbed upstream."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {"t1.py": _tests_file("a"), "f.py": numbered("f"), "h.py": numbered("h")}, "upstream 1.0")
+    mine = replace_line("def test_a_2", MARK + "def test_a_2")
+    old_tip = branch_of_patches(repo, b0, [
+        ({"t1.py": mine}, "tests: mark a-2 internal"),
+        ({"f.py": append(ROUTE)}, "router: fp32 logits"),
+        ({"h.py": append(DOCS)}, "docs: fix broken links"),
+    ], "old")
+    sh("git", "checkout", "-q", "main", cwd=repo)
+    commit(repo, {"t1.py": lambda t: t.replace("def test_a_4", MARK + "def test_a_4").replace(
+        "def test_a_5", MARK + "def test_a_5")}, "Mark tests 4 and 5 internal (#88)")
+    b1 = sh("git", "rev-parse", "HEAD", cwd=repo).strip()
+    new_tip = branch_of_patches(repo, b1, [
+        ({"f.py": append(ROUTE)}, "router: fp32 logits"),
+        ({"t1.py": mine, "h.py": append(DOCS)}, "Release cleanups"),
+    ], "new")
+    shape = _shape(build_report(repo, b0, old_tip, b1, new_tip)["mapping"])
+    assert ("regrouped", ["tests: mark a-2 internal", "docs: fix broken links"], ["Release cleanups"]) in shape, shape
