@@ -43,16 +43,16 @@ def _stated_slow_count() -> int:
 
 def test_the_stated_figures_name_the_commands_that_give_them():
     _stated_slow_count()
-    assert "`python bench/test_counts.py`" in README
+    assert "`python bench/suite_counts.py`" in README
     assert 'time python -m pytest tests\n[-m "not slow"]' in README or 'time python -m pytest tests [-m "not slow"]' in README
 
 
 @pytest.mark.slow
 def test_the_stated_slow_count_is_pytests_own():
     """One collection of the whole suite (about 40 s on 2 cores): the full run (CI) checks it."""
-    from bench.test_counts import counts
+    from bench.suite_counts import counts
 
     found = counts(ROOT)
     assert found["slow"] == _stated_slow_count(), (
         f"README.md says {_stated_slow_count()} tests are marked slow; collection finds {found['slow']}: "
-        f"update the figure with `python bench/test_counts.py`")
+        f"update the figure with `python bench/suite_counts.py`")

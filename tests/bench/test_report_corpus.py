@@ -83,3 +83,45 @@ def test_key_on_a_real_release_branch():
     for pick, orig in key.items():
         assert rc.own_pr(subjects[orig]) in rc.referenced_prs(subjects[pick]) or \
             rc.own_pr(subjects[pick]) in rc.referenced_prs(subjects[orig])
+
+
+def _rows(*subjects):
+    return [(f"c{k}", s, "") for k, s in enumerate(subjects)]
+
+
+def test_reshape_regroups_drops_and_squashes_per_run():
+    rows = _rows("router: fp32 logits", "ckpt: async save", "ckpt: async load", "docs: broken links",
+                 "docs: typos", "tests: mark internal", "ci: retry flaky jobs")
+    made = {sha: f"n{sha}" for sha, _, _ in rows}
+    units, shapes = rc.reshape(rows, made, {sha: k for k, (sha, _, _) in enumerate(rows)})
+    # c0 with the first commit two places on sharing no subject word (c2); c1 stays between them
+    assert shapes == {"regrouped": [("c0", "c2")], "dropped": ["c3"], "merged": [("c4", "c5")]}
+    assert [[sha for sha, _, _ in commits] for commits, _ in units] == [["c0", "c2"], ["c1"], ["c4", "c5"], ["c6"]]
+    assert units[0][1] == rc.REGROUP_MESSAGE and units[2][1] == "docs: typos\n\ntests: mark internal"
+    # a run shorter than 4, or commits not eligible, are left as they are
+    units, shapes = rc.reshape(rows, made, {}, eligible={"c0", "c1", "c2"})
+    assert shapes == {"regrouped": [], "dropped": [], "merged": []} and len(units) == len(rows)
+
+
+def test_a_regroup_counts_only_with_a_commit_of_its_own_between():
+    mine = _rows("a", "b", "c")
+    shapes = {"regrouped": [("c0", "c2")], "dropped": [], "merged": []}
+    assert rc.realized(shapes, {"c0": "X", "c2": "X", "c1": "Y"}, mine)["regrouped"] == [("c0", "c2")]
+    assert rc.realized(shapes, {"c0": "X", "c2": "X"}, mine)["regrouped"] == []  # c1 did not replay
+    assert rc.realized(shapes, {"c0": "X", "c2": "Z", "c1": "Y"}, mine)["regrouped"] == []  # not together
+
+
+def test_score_reads_the_reshapes_by_status():
+    data = {"mapping": [
+        {"status": "regrouped", "old": [{"commit": "r0"}, {"commit": "r2"}], "new": [{"commit": "n0"}]},
+        {"status": "likely-absorbed", "old": [{"commit": "r3"}], "new": []},
+        {"status": "merged", "old": [{"commit": "r4"}], "new": [{"commit": "n4"}]},
+        {"status": "merged", "old": [{"commit": "r5"}], "new": [{"commit": "n5"}]},
+    ]}
+    back = {f"r{k}": f"c{k}" for k in range(6)}
+    shapes = {"regrouped": [("c0", "c2")], "dropped": ["c3"], "merged": [("c4", "c5")]}
+    s = rc.score(data, back, {}, {}, judged={"c3"}, shapes=shapes)
+    assert (s["regrouped_right"], s["regrouped_key"]) == (1, 1)
+    assert (s["dropped_right"], s["dropped_key"]) == (0, 1)  # called likely absorbed: wrong
+    assert (s["merged_right"], s["merged_key"]) == (0, 1)  # both merged, but on two rows
+    assert (s["absorbed_said"], s["absorbed_right"]) == (1, 0)

@@ -1,10 +1,10 @@
 """The test-suite figures the README states, counted by pytest's own collection.
 
-    python bench/test_counts.py          # one collection of tests/ (about 40 s on 2 cores)
+    python bench/suite_counts.py          # one collection of tests/ (about 40 s on 2 cores)
 
 Prints how many tests ``python -m pytest tests`` runs, how many the fast subset
 (``-m "not slow"``) leaves out, and how many need a GPU (skipped without CUDA). The collection
-runs in a child pytest with this module as its plugin (``-p bench.test_counts``): the marks are
+runs in a child pytest with this module as its plugin (``-p bench.suite_counts``): the marks are
 read from each collected item, as ``-m`` reads them, in one pass instead of two.
 """
 
@@ -29,7 +29,7 @@ def pytest_collection_finish(session):
 def counts(root: Path = ROOT) -> dict:
     """``{"total", "slow", "fast", "gpu"}`` of ``python -m pytest tests`` in ``root``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests", "--collect-only", "-q", "-p", "bench.test_counts"],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests", "--collect-only", "-q", "-p", "bench.suite_counts"],
                           cwd=root, env=env, capture_output=True, text=True)
     m = _LINE.search(proc.stdout)
     if proc.returncode != 0 or m is None:
