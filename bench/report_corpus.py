@@ -195,20 +195,38 @@ def changed_lines(repo, commit: str) -> list:
 
 def whole(repo, made: dict) -> set:
     """The originals whose replay onto the new base is the same change (same changed lines): no
-    part of them is in the new base already, so the fork alone decides where they go."""
-    return {sha for sha, replayed in made.items() if changed_lines(repo, sha) == changed_lines(repo, replayed)}
+    part of them is in the new base already, so the fork alone decides where they go; and no other
+    of them makes that change too (twins a reader cannot tell apart)."""
+    lines = {sha: changed_lines(repo, sha) for sha in made}
+    seen = {}
+    for sha, found in lines.items():
+        seen.setdefault(tuple(found), []).append(sha)
+    return {sha for sha, replayed in made.items()
+            if lines[sha] == changed_lines(repo, replayed) and len(seen[tuple(lines[sha])]) == 1}
 
 
-def reshape(rows: list, made: dict, order: dict, eligible=None) -> tuple:
+def files_of(repo, shas) -> dict:
+    """``{sha: set of paths it changes}``."""
+    return {sha: set(git(repo, "show", "--format=", "--name-only", sha).split()) for sha in shas}
+
+
+def reshape(rows: list, made: dict, order: dict, eligible=None, files=None) -> tuple:
     """``(units, shapes)``: the replayed commits ``rows`` (``read_commits`` rows, old order; only
     those in ``made`` count), those of them ``eligible`` (default: all) cut in runs of up to 8, and
-    in each run of at least 4: the first commit
-    and the first later one two places on or more whose subject shares no word with it regrouped
-    (the commit after the first stays on its own, so they are no neighbours), then one commit
-    dropped, then two neighbours of the old stack (``order``: position in it) squashed. ``shapes``:
-    ``{"dropped": [sha], "regrouped": [(a, b)], "merged": [(a, b)]}``."""
+    in each run of at least 4: the first commit and the first later one two places on or more whose
+    subject shares no word with it, and none of whose files (``files``: ``{sha: paths}``) a commit
+    between them changes (it moves up to the first), regrouped (the commit after the first stays on
+    its own, so they are no neighbours), then one commit dropped, then two neighbours of the old
+    stack (``order``: position in it) squashed. ``shapes``: ``{"dropped": [sha], "regrouped": [(a,
+    b)], "merged": [(a, b)]}``."""
     live = [r for r in rows if r[0] in made]
     pool = [r for r in live if eligible is None or r[0] in eligible]
+    files = files or {}
+    at = {r[0]: k for k, r in enumerate(live)}
+
+    def movable(a, b):
+        mine = files.get(b[0], set())
+        return not any(files.get(r[0], set()) & mine for r in live[at[a[0]] + 1:at[b[0]]])
     shapes = {"dropped": [], "regrouped": [], "merged": []}
     together, drop, alone = {}, set(), set()
     for k in range(0, len(pool), 8):
@@ -216,7 +234,8 @@ def reshape(rows: list, made: dict, order: dict, eligible=None) -> tuple:
         if len(run) < 4:
             continue
         first = run[0]
-        other = next((r for r in run[2:] if not subject_words(r[1]) & subject_words(first[1])), None)
+        other = next((r for r in run[2:] if not subject_words(r[1]) & subject_words(first[1])
+                      and movable(first, r)), None)
         if other is None:
             continue
         shapes["regrouped"].append((first[0], other[0]))
@@ -348,7 +367,7 @@ def run_branch(repo: Path, mirror: Path, branch: str, work: Path) -> tuple:
     n_tip, n_made, there = replay(repo, new_base, kept, work)
     # the fork reshapes its new stack: drops, regroups, squashes (keyed only where they replayed)
     order = {c[0]: k for k, c in enumerate(mine)}
-    units, shapes = reshape(kept, n_made, order, whole(repo, n_made))
+    units, shapes = reshape(kept, n_made, order, whole(repo, n_made), files_of(repo, n_made))
     n_tip, n_made, _ = replay_units(repo, new_base, units, work)
     shapes = realized(shapes, n_made, mine)
     back = {v: k for k, v in b_made.items()}

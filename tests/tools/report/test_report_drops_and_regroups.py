@@ -171,7 +171,7 @@ def test_two_unrelated_commits_put_together_are_regrouped(tmp_path):
         ("renumbered", ["checkpoint: async save"], ["checkpoint: async save"]),
     ], mapping
     row = next(r for r in mapping if r["status"] == "regrouped")
-    assert "regrouped: old #1, #3 (not neighbours, no common topic) now in new #2" in row["note"]
+    assert "regrouped: old #1, #3 now in new #2, not one change" in row["note"]
 
 
 def test_a_squash_of_neighbours_or_of_one_topic_or_named_stays_merged(tmp_path):
@@ -271,3 +271,37 @@ def test_marker_lines_upstream_added_elsewhere_in_the_file_are_not_the_patch_s(t
     ], "new")
     shape = _shape(build_report(repo, b0, old_tip, b1, new_tip)["mapping"])
     assert ("regrouped", ["tests: mark a-2 internal", "docs: fix broken links"], ["Release cleanups"]) in shape, shape
+
+
+def test_a_squash_put_together_with_an_unrelated_commit_is_a_regroup(tmp_path):
+    """Old #1 and its rewrite #2 are one change; old #4 is another, with old #3 (carried on its own)
+    between: the links join #1 and #2 but not #4, so the new commit holding all three regroups."""
+    first = block("route_fp32", 6)
+    rewritten = block("route_fp32_v2", 6)
+    mapping = _same_base(tmp_path, [
+        ({"f.py": append(first)}, "router: fp32 logits"),
+        ({"f.py": lambda t: t.replace(first, rewritten)}, "router: redo it with the v2 kernel"),
+        ({"g.py": append(CKPT)}, "checkpoint: async save"),
+        ({"h.py": append(DOCS)}, "docs: fix broken links"),
+    ], [
+        ({"g.py": append(CKPT)}, "checkpoint: async save"),
+        ({"f.py": append(rewritten), "h.py": append(DOCS)}, "Release cleanups"),
+    ])
+    row = next(r for r in mapping if len(r["old"]) > 1)
+    assert row["status"] == "regrouped" and [c["subject"] for c in row["old"]] == [
+        "router: fp32 logits", "router: redo it with the v2 kernel", "docs: fix broken links"], row
+
+
+def test_a_dropped_reapply_is_not_squashed_into_the_revert_that_names_it(tmp_path):
+    """Old #1 reverts an upstream change and old #2 re-applies it; the fork dropped the re-apply.
+    The revert's message names the same PR, but a re-apply cannot be squashed into its revert."""
+    repo = tmp_path / "repo"
+    b0 = init(repo, {"f.py": numbered("f") + ROUTE, "g.py": numbered("g")}, "upstream 1.0")
+    revert = ({"f.py": replace_line(ROUTE, "")}, 'Revert "router: fp32 logits (#50)"\n\nThis reverts PR #50.')
+    old_tip = branch_of_patches(repo, b0, [
+        revert, ({"f.py": append(ROUTE)}, 'Reapply "router: fp32 logits (#50)"'),
+        ({"g.py": append(CKPT)}, "checkpoint: async save"),
+    ], "old")
+    new_tip = branch_of_patches(repo, b0, [revert, ({"g.py": append(CKPT)}, "checkpoint: async save")], "new")
+    shape = _shape(build_report(repo, b0, old_tip, b0, new_tip)["mapping"])
+    assert ("dropped", ['Reapply "router: fp32 logits (#50)"'], []) in shape, shape

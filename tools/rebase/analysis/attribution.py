@@ -318,19 +318,31 @@ def _rewritten_links(old: list, new: list, o2n: dict, att: Attribution, flows) -
             if not others and side == "old":  # folded into what its neighbour became, by its words
                 for x in sorted(linked.get(k - 1, set()) | linked.get(k + 1, set())):
                     reason = names_other(theirs[x].message, c.subject) or echoes(theirs[x].message, c.subject)
-                    if reason:
+                    if reason and not _undoes(c, theirs[x]):
                         others, why = [x], f"new #{theirs[x].number} {reason}; squashed with a neighbour"
                         break
             if not others:  # the squashed commit's own message may name it
                 for x, d in enumerate(theirs):
                     reason = names_other(d.message, c.subject, c.message)
-                    if reason and side == "old":
+                    if reason and side == "old" and not _undoes(c, d):
                         others, why = [x], f"new #{d.number} {reason}; squashed"
                         break
             for x in others:
                 att.links.append((k, x) if side == "old" else (x, k))
             if others:
                 (att.notes_old if side == "old" else att.notes_new).setdefault(k, []).append(why)
+
+
+def _undoes(c, d) -> bool:
+    """``c`` does the opposite of ``d`` (adds most of what ``d`` removes, or removes most of what it
+    adds): a revert and its re-apply name each other, but one cannot be squashed into the other."""
+    plus, minus = sided(c)
+    their_plus, their_minus = sided(d)
+    for mine, theirs in ((plus, their_minus), (minus, their_plus)):
+        total = sum(mine.values())
+        if total and 2 * sum(min(n, theirs[t]) for t, n in mine.items() if t in theirs) >= total:
+            return True
+    return False
 
 
 def group_edges(att: Attribution, olds: list, news: list, o2n: dict, old: list, new: list) -> list:

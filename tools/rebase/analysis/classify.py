@@ -249,7 +249,7 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     parts = [p for m in comps.values() for p in decompose.parts(m, kept, att, o2n, old, new)]
     carried = {i for members, _ in parts if any(side == "n" for side, _ in members)
                for side, i in members if side == "o"}  # old commits some new commit carries
-    squashed = {k for k, notes in att.notes_old.items() if any("squashed" in n for n in notes)}
+    squashed = {k: notes for k, notes in att.notes_old.items() if any("squashed" in n for n in notes)}
     for members, notes in parts:
         olds = sorted(i for side, i in members if side == "o")
         news = sorted(j for side, j in members if side == "n")

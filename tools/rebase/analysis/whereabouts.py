@@ -32,8 +32,8 @@ def search(repo, candidates: dict, upstream: list, upstream_range, lines, bases:
     """``(absorbed, likely, not_carried)`` for ``candidates`` (``{old index: Commit}``):
     ``{index: (upstream commit or "", how)}``, ``{index: (commit, subject, how)}`` and ``{index:
     note}`` of those history pointed at but the new base does not carry. ``lines``: the
-    ``fingerprints.UpstreamLines`` of ``upstream``; ``bases``: ``(old base, new base)``."""
-    old_base, new_base = bases
+    ``fingerprints.UpstreamLines`` of ``upstream``; ``bases``: ``(old base, new base, new tip)``."""
+    old_base, new_base, new_tip = bases
     absorbed, likely, not_carried = {}, {}, {}
     if not candidates:
         return absorbed, likely, not_carried
@@ -56,7 +56,8 @@ def search(repo, candidates: dict, upstream: list, upstream_range, lines, bases:
         kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
         if kind == "absorbed" and verdict[i] != "absent":  # a line repeated elsewhere is no move
             absorbed[i] = (commit, how)
-        elif reverse_applies(repo, new_base, c.diff):
+        elif reverse_applies(repo, new_base, c.diff) and reverse_applies(repo, new_tip, c.diff):
+            # in the new base, and no commit of the new stack undoes it (a re-apply of a revert)
             absorbed[i] = ("", "its change is already in the new base")
         elif kind == "likely":
             likely[i] = (commit, subject, how)

@@ -100,7 +100,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                          | {f.old_path for c in old + new for f in c.files})
     upstream = upstream_commits(repo, *upstream_range, stack_files) if upstream_range else []
 
-    rows, lines = _pair_rows(repo, old, new, rd_pairs, hints, upstream, upstream_range, old_base, new_base)
+    rows, lines = _pair_rows(repo, old, new, rd_pairs, hints, upstream, upstream_range,
+                             (old_base, new_base, new_tip))
     old_info, new_info, objects = _describe_bases(repo, old_base, new_base, old_pin, new_pin, upstream_range)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
@@ -146,11 +147,12 @@ def _resolve_commits(repo: Path, revs: tuple) -> list:
 
 
 def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream: list, upstream_range,
-               old_base: str, new_base: str):
+               bases: tuple):
     """``(rows, upstream lines)``: old and new patches paired into report rows; an old patch nobody
     claims is looked up upstream (the commit that absorbed it, in the stack's files or anywhere in the
     range, or a likely re-implementation) or in the new tree (its reverse applies) before it counts
     as dropped."""
+    old_base, new_base, _ = bases
     by_commit = {c.commit: i for i, c in enumerate(old)}
     dropped = {by_commit[c] for c in hints.get("dropped", []) if c in by_commit}
     absorbed = {}
@@ -167,7 +169,7 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
     candidates = [row.old[0] for row in rows_probe  # old commits nobody claimed
                   if row.status == "dropped" and row.old and by_commit[row.old[0].commit] not in dropped]
     found, likely, not_carried = whereabouts.search(repo, {by_commit[c.commit]: c for c in candidates}, upstream,
-                                                    upstream_range, lines, (old_base, new_base), in_base)
+                                                    upstream_range, lines, bases, in_base)
     absorbed.update(found)
     rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely, in_base))
     for row in rows:  # say what the search covered, so "not found" is a finding
