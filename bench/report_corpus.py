@@ -210,14 +210,15 @@ def files_of(repo, shas) -> dict:
     return {sha: set(git(repo, "show", "--format=", "--name-only", sha).split()) for sha in shas}
 
 
-def reshape(rows: list, made: dict, order: dict, eligible=None, files=None) -> tuple:
+def reshape(rows: list, made: dict, eligible=None, files=None) -> tuple:
     """``(units, shapes)``: the replayed commits ``rows`` (``read_commits`` rows, old order; only
     those in ``made`` count), those of them ``eligible`` (default: all) cut in runs of up to 8, and
     in each run of at least 4: the first commit and the first later one two places on or more whose
     subject shares no word with it, and none of whose files (``files``: ``{sha: paths}``) a commit
     between them changes (it moves up to the first), regrouped (the commit after the first stays on
-    its own, so they are no neighbours), then one commit dropped, then two neighbours of the old
-    stack (``order``: position in it) squashed. ``shapes``: ``{"dropped": [sha], "regrouped": [(a,
+    its own, so they are no neighbours), then one commit dropped, then two neighbours among the
+    replayed commits squashed. The dropped one is the first left whose files no later commit
+    changes (nothing builds on it). ``shapes``: ``{"dropped": [sha], "regrouped": [(a,
     b)], "merged": [(a, b)]}``."""
     live = [r for r in rows if r[0] in made]
     pool = [r for r in live if eligible is None or r[0] in eligible]
@@ -227,6 +228,10 @@ def reshape(rows: list, made: dict, order: dict, eligible=None, files=None) -> t
     def movable(a, b):
         mine = files.get(b[0], set())
         return not any(files.get(r[0], set()) & mine for r in live[at[a[0]] + 1:at[b[0]]])
+
+    def independent(r):
+        mine = files.get(r[0], set())
+        return not any(files.get(q[0], set()) & mine for q in live[at[r[0]] + 1:])
     shapes = {"dropped": [], "regrouped": [], "merged": []}
     together, drop, alone = {}, set(), set()
     for k in range(0, len(pool), 8):
@@ -242,12 +247,13 @@ def reshape(rows: list, made: dict, order: dict, eligible=None, files=None) -> t
         together[first[0]] = (first, other, REGROUP_MESSAGE)
         alone.update((run[1][0], other[0]))
         rest = [r for r in run[2:] if r[0] not in alone]
-        if rest:
-            drop.add(rest[0][0])
-            shapes["dropped"].append(rest[0][0])
-        rest = rest[1:]
+        gone = next((r for r in rest if independent(r)), None)  # no later commit builds on it
+        if gone is not None:
+            drop.add(gone[0])
+            shapes["dropped"].append(gone[0])
+            rest = [r for r in rest if r is not gone]
         for a, b in zip(rest, rest[1:]):
-            if order[b[0]] == order[a[0]] + 1:
+            if at[b[0]] == at[a[0]] + 1:  # neighbours in the new stack: nothing it keeps sits between
                 shapes["merged"].append((a[0], b[0]))
                 together[a[0]] = (a, b, f"{a[1]}\n\n{b[1]}")
                 alone.add(b[0])
@@ -366,8 +372,7 @@ def run_branch(repo: Path, mirror: Path, branch: str, work: Path) -> tuple:
     kept = [c for c in mine if c[0] in b_made and c[0] not in key]
     n_tip, n_made, there = replay(repo, new_base, kept, work)
     # the fork reshapes its new stack: drops, regroups, squashes (keyed only where they replayed)
-    order = {c[0]: k for k, c in enumerate(mine)}
-    units, shapes = reshape(kept, n_made, order, whole(repo, n_made), files_of(repo, n_made))
+    units, shapes = reshape(kept, n_made, whole(repo, n_made), files_of(repo, n_made))
     n_tip, n_made, _ = replay_units(repo, new_base, units, work)
     shapes = realized(shapes, n_made, mine)
     back = {v: k for k, v in b_made.items()}

@@ -93,13 +93,20 @@ def test_reshape_regroups_drops_and_squashes_per_run():
     rows = _rows("router: fp32 logits", "ckpt: async save", "ckpt: async load", "docs: broken links",
                  "docs: typos", "tests: mark internal", "ci: retry flaky jobs")
     made = {sha: f"n{sha}" for sha, _, _ in rows}
-    units, shapes = rc.reshape(rows, made, {sha: k for k, (sha, _, _) in enumerate(rows)})
+    files = {sha: {f"{sha}.py"} for sha, _, _ in rows}
+    units, shapes = rc.reshape(rows, made, files=files)
     # c0 with the first commit two places on sharing no subject word (c2); c1 stays between them
     assert shapes == {"regrouped": [("c0", "c2")], "dropped": ["c3"], "merged": [("c4", "c5")]}
     assert [[sha for sha, _, _ in commits] for commits, _ in units] == [["c0", "c2"], ["c1"], ["c4", "c5"], ["c6"]]
     assert units[0][1] == rc.REGROUP_MESSAGE and units[2][1] == "docs: typos\n\ntests: mark internal"
+    # a commit a later one builds on (same file) is not dropped; one a commit between them touches
+    # is not moved up into a regroup
+    files["c6"] = {"c3.py"}
+    assert rc.reshape(rows, made, files=files)[1]["dropped"] == ["c4"]
+    files["c1"] = {"c2.py"}
+    assert rc.reshape(rows, made, files=files)[1]["regrouped"] == [("c0", "c3")]
     # a run shorter than 4, or commits not eligible, are left as they are
-    units, shapes = rc.reshape(rows, made, {}, eligible={"c0", "c1", "c2"})
+    units, shapes = rc.reshape(rows, made, eligible={"c0", "c1", "c2"})
     assert shapes == {"regrouped": [], "dropped": [], "merged": []} and len(units) == len(rows)
 
 

@@ -4,7 +4,9 @@
 is only one signal among several (stable ``Patch-Name`` identity first, then range-diff, equal
 patch-ids, overlap of changed lines, equal subjects), and groups are found on top of the pairs:
 an old commit whose changed lines mostly live in another new commit was merged into it; a new
-commit whose lines mostly come from an already paired old commit was split out of it.
+commit whose lines mostly come from an already paired old commit was split out of it. Several old
+commits in one new commit are a squash ("merged") or unrelated commits put together ("regrouped"):
+``regroup`` tells which.
 """
 
 import difflib
