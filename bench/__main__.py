@@ -26,6 +26,7 @@ BENCHMARKS = {
     "mhc_convert_crosscheck": ("mhc_convert_crosscheck.py", "CPU", "the converter test's float64 reference against the release line's model, across the two trees"),
     "rl_logprob_gap": ("rl_logprob_gap.py", "CPU/GPU", "bf16 training log-probs vs a float64 reference, per RL precision option"),
     "report_corpus": ("report_corpus.py", "CPU", "report accuracy on Megatron-LM's own cherry-picks (needs a mirror)"),
+    "suite_counts": ("suite_counts.py", "CPU", "the test counts the README states, by pytest's own collection"),
     "int4_kernel": ("int4_kernel.py", "GPU", "INT4 fake-QAT quantize-dequantize: torch reference vs the fused kernel"),
     "te_gpu_batch": ("te_gpu_batch.sh", "GPU host", "batches for a GPU host: TE tests, GPU suite, benches, mutants"),
     "line_trees": ("line_trees.sh", "CPU", "the trees a GPU run of a line carries (needs a Megatron-LM mirror)"),

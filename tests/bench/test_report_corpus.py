@@ -67,15 +67,68 @@ def test_score_counts_pairs_and_absorption_against_the_key():
     assert (s["named_right"], s["named"], s["unjudged"], s["unjudged_said"]) == (1, 2, 1, 1)
 
 
-@pytest.mark.skipif(not (rc.MIRROR / "objects").is_dir(), reason="no Megatron-LM mirror on this machine")
+MIRROR = rc.mirror_path()
+
+
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "objects").is_dir(),
+                    reason=f"set {rc.MIRROR_ENV} to a bare clone of Megatron-LM")
 def test_key_on_a_real_release_branch():
-    tip, main_tip = rc.git(rc.MIRROR, "rev-parse", "refs/heads/core_r0.19.0", "refs/heads/main").split()
-    base = rc.git(rc.MIRROR, "merge-base", main_tip, tip).strip()
-    mine = rc.read_commits(rc.MIRROR, f"{base}..{tip}")
-    main = rc.read_commits(rc.MIRROR, f"{base}..{main_tip}")
+    tip, main_tip = rc.git(MIRROR, "rev-parse", "refs/heads/core_r0.19.0", "refs/heads/main").split()
+    base = rc.git(MIRROR, "merge-base", main_tip, tip).strip()
+    mine = rc.read_commits(MIRROR, f"{base}..{tip}")
+    main = rc.read_commits(MIRROR, f"{base}..{main_tip}")
     key = rc.pick_key(mine, main)
     subjects = {sha: s for sha, s, _ in mine + main}
     assert len(key) >= 5
     for pick, orig in key.items():
         assert rc.own_pr(subjects[orig]) in rc.referenced_prs(subjects[pick]) or \
             rc.own_pr(subjects[pick]) in rc.referenced_prs(subjects[orig])
+
+
+def _rows(*subjects):
+    return [(f"c{k}", s, "") for k, s in enumerate(subjects)]
+
+
+def test_reshape_regroups_drops_and_squashes_per_run():
+    rows = _rows("router: fp32 logits", "ckpt: async save", "ckpt: async load", "docs: broken links",
+                 "docs: typos", "tests: mark internal", "ci: retry flaky jobs")
+    made = {sha: f"n{sha}" for sha, _, _ in rows}
+    files = {sha: {f"{sha}.py"} for sha, _, _ in rows}
+    units, shapes = rc.reshape(rows, made, files=files)
+    # c0 with the first commit two places on sharing no subject word (c2); c1 stays between them
+    assert shapes == {"regrouped": [("c0", "c2")], "dropped": ["c3"], "merged": [("c4", "c5")]}
+    assert [[sha for sha, _, _ in commits] for commits, _ in units] == [["c0", "c2"], ["c1"], ["c4", "c5"], ["c6"]]
+    assert units[0][1] == rc.REGROUP_MESSAGE and units[2][1] == "docs: typos\n\ntests: mark internal"
+    # a commit a later one builds on (same file) is not dropped; one a commit between them touches
+    # is not moved up into a regroup
+    files["c6"] = {"c3.py"}
+    assert rc.reshape(rows, made, files=files)[1]["dropped"] == ["c4"]
+    files["c1"] = {"c2.py"}
+    assert rc.reshape(rows, made, files=files)[1]["regrouped"] == [("c0", "c3")]
+    # a run shorter than 4, or commits not eligible, are left as they are
+    units, shapes = rc.reshape(rows, made, eligible={"c0", "c1", "c2"})
+    assert shapes == {"regrouped": [], "dropped": [], "merged": []} and len(units) == len(rows)
+
+
+def test_a_regroup_counts_only_with_a_commit_of_its_own_between():
+    mine = _rows("a", "b", "c")
+    shapes = {"regrouped": [("c0", "c2")], "dropped": [], "merged": []}
+    assert rc.realized(shapes, {"c0": "X", "c2": "X", "c1": "Y"}, mine)["regrouped"] == [("c0", "c2")]
+    assert rc.realized(shapes, {"c0": "X", "c2": "X"}, mine)["regrouped"] == []  # c1 did not replay
+    assert rc.realized(shapes, {"c0": "X", "c2": "Z", "c1": "Y"}, mine)["regrouped"] == []  # not together
+
+
+def test_score_reads_the_reshapes_by_status():
+    data = {"mapping": [
+        {"status": "regrouped", "old": [{"commit": "r0"}, {"commit": "r2"}], "new": [{"commit": "n0"}]},
+        {"status": "likely-absorbed", "old": [{"commit": "r3"}], "new": []},
+        {"status": "merged", "old": [{"commit": "r4"}], "new": [{"commit": "n4"}]},
+        {"status": "merged", "old": [{"commit": "r5"}], "new": [{"commit": "n5"}]},
+    ]}
+    back = {f"r{k}": f"c{k}" for k in range(6)}
+    shapes = {"regrouped": [("c0", "c2")], "dropped": ["c3"], "merged": [("c4", "c5")]}
+    s = rc.score(data, back, {}, {}, judged={"c3"}, shapes=shapes)
+    assert (s["regrouped_right"], s["regrouped_key"]) == (1, 1)
+    assert (s["dropped_right"], s["dropped_key"]) == (0, 1)  # called likely absorbed: wrong
+    assert (s["merged_right"], s["merged_key"]) == (0, 1)  # both merged, but on two rows
+    assert (s["absorbed_said"], s["absorbed_right"]) == (1, 0)

@@ -93,7 +93,7 @@ def test_three_by_three_regroup_is_one_group(tmp_path):
         ({"h.py": append(part(z, 0, 7)), "f.py": lambda t: t + part(x, 7, 10)}, "z feature, regrouped"),
     ])
     (row,) = data["mapping"]
-    assert row["status"] == "merged" and len(row["old"]) == len(row["new"]) == 3
+    assert row["status"] == "regrouped" and len(row["old"]) == len(row["new"]) == 3
     assert "regrouped" in row["note"]
     assert sorted(tuple(e[:3]) for e in row["edges"]) == [
         (1, 1, 7), (1, 3, 3), (2, 1, 3), (2, 2, 7), (3, 2, 3), (3, 3, 7)]

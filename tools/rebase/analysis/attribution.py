@@ -31,10 +31,14 @@ CROSS_SHARE = 0.2  # ... and this share of both sides' lines
 PART_SHARE = 0.4  # a commit folded into (split off) a paired one brings (holds) this share
 
 
+def _wordy(text: str) -> bool:
+    return len(text) >= 6 and bool(_WORDY.search(text))
+
+
 def _meaningful(text: str) -> bool:
     """A line that can tell commits apart (not a bare bracket, ``else:``, ``return`` or an import
     many patches share)."""
-    return len(text) >= 6 and bool(_WORDY.search(text)) and not _IMPORT.match(text)
+    return _wordy(text) and not _IMPORT.match(text)
 
 
 def sided(commit) -> tuple:
@@ -46,6 +50,10 @@ def sided(commit) -> tuple:
         for t in commit.tokens:
             if _meaningful(t[1:]):
                 (plus if t[0] == "+" else minus)[t[1:]] += 1
+        if not plus and not minus:  # a commit of imports only: they are all it has to be traced by
+            for t in commit.tokens:
+                if _wordy(t[1:]):
+                    (plus if t[0] == "+" else minus)[t[1:]] += 1
         cached = commit.__dict__["_sided_lines"] = (plus, minus)
     return cached
 
@@ -111,28 +119,45 @@ class Attribution:
         return w, w / size_old if size_old else 0.0, w / size_new if size_new else 0.0
 
 
-def _credit(old_lines: list, new_lines: list, o2n: dict) -> dict:
-    """Edges: each old line goes to its paired new commit when that commit has it, the rest are
-    shared in proportion among the new commits that add the line and have copies left."""
-    left_old = [Counter(c) for c in old_lines]
-    left_new = [Counter(c) for c in new_lines]
-    edges = Counter()
-    for i, j in o2n.items():
-        for t, n in left_old[i].items():
-            m = min(n, left_new[j].get(t, 0))
-            if m:
-                edges[(i, j)] += m
-                left_old[i][t] -= m
-                left_new[j][t] -= m
+def placed_lines(commit) -> dict:
+    """``signed_lines`` as ``{token: Counter(path: copies)}``: where in the tree each line is."""
+    cached = commit.__dict__.get("_placed_lines")
+    if cached is None:
+        wanted = signed_lines(commit)
+        sign = next(iter(wanted))[0] if wanted else "+"
+        cached = {}
+        for f in commit.files:
+            for line in f.signed:
+                text = line[1:].strip()
+                if line[:1] == sign and wanted.get(sign + text):
+                    cached.setdefault(sign + text, Counter())[f.path] += 1
+        commit.__dict__["_placed_lines"] = cached
+    return {t: Counter(paths) for t, paths in cached.items()}
+
+
+def _take(placed: dict, token: str, n: float, path: str = "") -> None:
+    """Take ``n`` copies of ``token`` out of ``placed`` (``placed_lines``), ``path``'s first."""
+    paths = placed.get(token, {})
+    for p in sorted(paths, key=lambda q: (q != path, q)):
+        m = min(n, paths[p])
+        paths[p] -= m
+        n -= m
+        if n <= 1e-12:
+            break
+
+
+def _share(edges: Counter, left_old: list, left_new: list) -> None:
+    """Each line copy left is shared in proportion among the new commits that hold it (keys of any
+    kind: ``(path, token)`` or token), taken out of both sides."""
     holders_new = {}
     for j, c in enumerate(left_new):
         for t, n in c.items():
-            if n > 0:
+            if n > 1e-12:
                 holders_new.setdefault(t, []).append(j)
     holders_old = {}
     for i, c in enumerate(left_old):
         for t, n in c.items():
-            if n > 0:
+            if n > 1e-12:
                 holders_old.setdefault(t, []).append(i)
     for t, olds in holders_old.items():
         news = holders_new.get(t)
@@ -144,7 +169,52 @@ def _credit(old_lines: list, new_lines: list, o2n: dict) -> dict:
         for i in olds:
             for j in news:
                 edges[(i, j)] += matched * left_old[i][t] / total_old * left_new[j][t] / total_new
+        for i in olds:
+            left_old[i][t] -= matched * left_old[i][t] / total_old
+        for j in news:
+            left_new[j][t] -= matched * left_new[j][t] / total_new
+
+
+def _credit(old_lines: list, new_lines: list, o2n: dict, old_placed=None, new_placed=None) -> dict:
+    """Edges: each old line goes to its paired new commit when that commit has it, the rest are
+    shared in proportion among the new commits that add the line and have copies left: first
+    those adding it to the same file (``old_placed``/``new_placed``: ``placed_lines`` counts), then
+    any. A line many commits repeat (a decorator, a marker) then goes where it went in the tree."""
+    left_old = [Counter(c) for c in old_lines]
+    left_new = [Counter(c) for c in new_lines]
+    old_placed = [Counter(c) for c in old_placed] if old_placed is not None else None
+    new_placed = [Counter(c) for c in new_placed] if new_placed is not None else None
+    edges = Counter()
+    for i, j in o2n.items():
+        for t, n in left_old[i].items():
+            m = min(n, left_new[j].get(t, 0))
+            if m:
+                edges[(i, j)] += m
+                left_old[i][t] -= m
+                left_new[j][t] -= m
+                if old_placed is not None:
+                    paths = sorted(old_placed[i].get(t, ()))
+                    _take(old_placed[i], t, m, paths[0] if paths else "")
+                    _take(new_placed[j], t, m, paths[0] if paths else "")
+    if old_placed is not None:  # same file first, then any
+        at_old, at_new = [_at_paths(c) for c in old_placed], [_at_paths(c) for c in new_placed]
+        _share(edges, at_old, at_new)
+        left_old = [_by_token(c) for c in at_old]
+        left_new = [_by_token(c) for c in at_new]
+    _share(edges, left_old, left_new)
     return dict(edges)
+
+
+def _at_paths(placed: dict) -> Counter:
+    return Counter({(p, t): n for t, paths in placed.items() for p, n in paths.items() if n > 1e-12})
+
+
+def _by_token(at_paths: Counter) -> Counter:
+    out = Counter()
+    for (_, t), n in at_paths.items():
+        if n > 1e-12:
+            out[t] += n
+    return out
 
 
 def _real(w: float, share_old: float, share_new: float) -> bool:
@@ -180,7 +250,23 @@ def attribute(old: list, new: list, o2n: dict, in_base=None) -> Attribution:
     in_base = in_base or {}
     old_lines = [signed_lines(c) - in_base.get(i, Counter()) for i, c in enumerate(old)]
     new_lines = [signed_lines(c) for c in new]
-    edges = _credit(old_lines, new_lines, o2n)
+    new_placed = [placed_lines(c) for c in new]
+    removals = {t for c in old_lines for t in c if t[0] == "-"}  # old commits that only remove lines
+    for j, c in enumerate(new):  # ... are traced by the same removals in a new commit that also adds
+        extra = Counter({"-" + t: n for t, n in sided(c)[1].items() if "-" + t in removals}) \
+            if any(t[0] == "+" for t in new_lines[j]) else Counter()
+        if extra:
+            new_lines[j] += extra
+            for f in c.files:
+                for line in f.signed:
+                    token = "-" + line[1:].strip()
+                    if line[:1] == "-" and token in extra:
+                        new_placed[j].setdefault(token, Counter())[f.path] += 1
+    old_placed = [placed_lines(c) for c in old]
+    for i, gone in in_base.items():  # lines in the base are nobody's evidence
+        for t, n in gone.items():
+            _take(old_placed[i], t, n)
+    edges = _credit(old_lines, new_lines, o2n, old_placed, new_placed)
     att = Attribution(edges, [sum(c.values()) for c in old_lines], [sum(c.values()) for c in new_lines], [])
     paired_new = set(o2n.values())
     for (i, j) in sorted(edges):
@@ -232,19 +318,31 @@ def _rewritten_links(old: list, new: list, o2n: dict, att: Attribution, flows) -
             if not others and side == "old":  # folded into what its neighbour became, by its words
                 for x in sorted(linked.get(k - 1, set()) | linked.get(k + 1, set())):
                     reason = names_other(theirs[x].message, c.subject) or echoes(theirs[x].message, c.subject)
-                    if reason:
+                    if reason and not _undoes(c, theirs[x]):
                         others, why = [x], f"new #{theirs[x].number} {reason}; squashed with a neighbour"
                         break
             if not others:  # the squashed commit's own message may name it
                 for x, d in enumerate(theirs):
                     reason = names_other(d.message, c.subject, c.message)
-                    if reason and side == "old":
+                    if reason and side == "old" and not _undoes(c, d):
                         others, why = [x], f"new #{d.number} {reason}; squashed"
                         break
             for x in others:
                 att.links.append((k, x) if side == "old" else (x, k))
             if others:
                 (att.notes_old if side == "old" else att.notes_new).setdefault(k, []).append(why)
+
+
+def _undoes(c, d) -> bool:
+    """``c`` does the opposite of ``d`` (adds most of what ``d`` removes, or removes most of what it
+    adds): a revert and its re-apply name each other, but one cannot be squashed into the other."""
+    plus, minus = sided(c)
+    their_plus, their_minus = sided(d)
+    for mine, theirs in ((plus, their_minus), (minus, their_plus)):
+        total = sum(mine.values())
+        if total and 2 * sum(min(n, theirs[t]) for t, n in mine.items() if t in theirs) >= total:
+            return True
+    return False
 
 
 def group_edges(att: Attribution, olds: list, news: list, o2n: dict, old: list, new: list) -> list:

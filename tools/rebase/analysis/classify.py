@@ -4,7 +4,9 @@
 is only one signal among several (stable ``Patch-Name`` identity first, then range-diff, equal
 patch-ids, overlap of changed lines, equal subjects), and groups are found on top of the pairs:
 an old commit whose changed lines mostly live in another new commit was merged into it; a new
-commit whose lines mostly come from an already paired old commit was split out of it.
+commit whose lines mostly come from an already paired old commit was split out of it. Several old
+commits in one new commit are a squash ("merged") or unrelated commits put together ("regrouped"):
+``regroup`` tells which.
 """
 
 import difflib
@@ -13,13 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tools.rebase.git import prefetch
-from tools.rebase.analysis import attribution, decompose, inbase, messages
+from tools.rebase.analysis import attribution, decompose, inbase, messages, regroup
 from tools.rebase.analysis.diffparse import overlap
 from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
 
 STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
-            "likely-absorbed", "dropped", "new", "merged", "split", "reordered")
+            "likely-absorbed", "dropped", "new", "merged", "regrouped", "split", "reordered")
 PAIR_THRESHOLD = 0.5  # overlap / larger patch, for one-to-one pairing by content
 _RANGE_DIFF_LINE = re.compile(
     r"^\s*(?P<a>\d+|-+):\s+(?P<ah>[0-9a-f]+|-+)\s+(?P<op>[=!<>])\s+(?P<b>\d+|-+):\s+(?P<bh>[0-9a-f]+|-+)"
@@ -246,18 +248,16 @@ def classify(old: list, new: list, rd_pairs=(), absorbed=None, dropped=(), likel
     singles = []
     kept = list(o2n.items()) + [(i, j) for i, j in groups if i not in dropped and i not in first]
     cut_notes = {}
-    for members, notes in (p for m in comps.values() for p in decompose.parts(m, kept, att, o2n, old, new)):
+    parts = [p for m in comps.values() for p in decompose.parts(m, kept, att, o2n, old, new)]
+    carried = {i for members, _ in parts if any(side == "n" for side, _ in members)
+               for side, i in members if side == "o"}  # old commits some new commit carries
+    squashed = {k: notes for k, notes in att.notes_old.items() if any("squashed" in n for n in notes)}
+    for members, notes in parts:
         olds = sorted(i for side, i in members if side == "o")
         news = sorted(j for side, j in members if side == "n")
         if olds and news and (len(olds) > 1 or len(news) > 1):
-            status = "merged" if len(news) == 1 else "split" if len(olds) == 1 else "merged"
-            row = Row(status, [old[i] for i in olds], [new[j] for j in news])
-            if status == "merged" and len(news) > 1:
-                row.notes.append("regrouped: several old patches became several new ones")
-            elif status == "merged":
-                row.notes.append(f"{len(olds)} old patches folded into one")
-            else:
-                row.notes.append(f"split into {len(news)} patches")
+            status, note = regroup.status(olds, news, old, new, carried - set(olds), squashed)
+            row = Row(status, [old[i] for i in olds], [new[j] for j in news], [note])
             row.edges = attribution.group_edges(att, olds, news, o2n, old, new)
             row.notes.append(attribution.describe_edges(row.edges))
             row.notes.extend(notes)

@@ -19,18 +19,40 @@ def _stripped_counts(text) -> Counter:
     return Counter(line.strip() for line in (text or "").splitlines() if line.strip())
 
 
-def lines_in_base(repo, old_base: str, new_base: str, commits: list) -> dict:
+def _added(commits: list) -> dict:
+    """``{path: Counter}``: copies of each stripped line a stack's commits add to a file (a later
+    commit taking one back does not cancel that one commit added it)."""
+    out = {}
+    for c in commits:
+        for f in c.files:
+            counts = out.setdefault(f.path, Counter())
+            for line in f.signed:
+                if line[:1] == "+" and line[1:].strip():
+                    counts[line[1:].strip()] += 1
+    return out
+
+
+def lines_in_base(repo, old_base: str, new_base: str, commits: list, new_commits=()) -> dict:
     """``{index: Counter of "+text" tokens}``: per old commit, its added lines (as
-    ``attribution.signed_lines`` counts them) that the new base gained in the same file."""
+    ``attribution.signed_lines`` counts them) that the new base gained in the same file.
+
+    A copy the new stack still adds itself is the fork's, not upstream's: a line many places
+    repeat (a decorator, a marker) that upstream added elsewhere in the same file says nothing
+    about a patch the new stack still carries. Only the copies the old stack added and the new
+    stack no longer adds (``new_commits``) can be in the base for it."""
     if old_base == new_base or not commits:
         return {}
     paths = sorted({f.path for c in commits for f in c.files})
     specs = [f"{rev}:{p}" for p in paths for rev in (old_base, new_base)]
     blobs = read_blobs(repo, specs)
+    old_added, new_added = _added(commits), _added(new_commits)
     gained = {}
     for p in paths:
         before, after = _stripped_counts(blobs[f"{old_base}:{p}"]), _stripped_counts(blobs[f"{new_base}:{p}"])
         more = after - before
+        if new_commits:  # at most what the fork stopped adding itself
+            dropped_by_fork = old_added.get(p, Counter()) - new_added.get(p, Counter())
+            more = Counter({t: min(n, dropped_by_fork[t]) for t, n in more.items() if dropped_by_fork[t] > 0})
         if more:
             gained[p] = more
     if not gained:

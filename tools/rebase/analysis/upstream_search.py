@@ -45,7 +45,7 @@ def _suffix(path: str) -> str:
     return name[name.rindex("."):] if "." in name.lstrip(".") else ""
 
 
-def _present_in(repo, tree: str, names: list) -> set:
+def present_in(repo, tree: str, names: list) -> set:
     """The names of ``names`` that occur as whole words in ``tree`` (one git grep)."""
     if not names:
         return set()
@@ -83,7 +83,7 @@ def search(repo, handle: tuple, patches: list, old_base: str) -> dict:
         return {}
     texts = {t[1:] for p in patches for _, t in fingerprints.signed_norms(p) if t[0] == "+"}
     names = {p.commit: candidate_identifiers(p) for p in patches}
-    old_known = _present_in(repo, old_base, sorted({n for ns in names.values() for n in ns}))
+    old_known = present_in(repo, old_base, sorted({n for ns in names.values() for n in ns}))
     introduced = {sha: [n for n in ns if n not in old_known] for sha, ns in names.items()}
     index = fingerprints.scan_range(repo, *upstream_range, texts=texts,
                                     identifiers={n for ns in introduced.values() for n in ns}, suffixes=suffixes)

@@ -6,9 +6,7 @@ byte-identical files.
 """
 
 import json
-import os
 import re
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +15,8 @@ from tools.rebase.analysis.classify import STATUSES, classify, order_rows, range
 from tools.rebase.analysis.diffparse import fill_patch_ids, find_absorbing_commit, read_range, upstream_commits
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
-from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, reimplemented, upstream_search
+from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, reimplemented, whereabouts
+from tools.rebase.analysis.whereabouts import reverse_applies  # noqa: F401 (bump/absorbed.py imports it from here)
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
@@ -69,19 +68,6 @@ def _ref(c) -> dict:
     return {"commit": c.commit, "subject": c.subject}
 
 
-def reverse_applies(repo: Path, tree_commit: str, diff: str) -> bool:
-    """True when ``diff`` is already contained in ``tree_commit`` (its reverse applies cleanly)."""
-    if not diff.strip():
-        return False
-    with tempfile.TemporaryDirectory() as tmp:
-        index = os.path.join(tmp, "index")
-        env = {"GIT_INDEX_FILE": index}
-        git("read-tree", tree_commit, cwd=repo, env=env)
-        proc = git_proc("apply", "--cached", "--check", "-R", "-", cwd=repo, env=env,
-                        input=diff + "\n")
-        return proc.returncode == 0
-
-
 def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str,
                  old_pin=None, new_pin=None, upstream_range=None, hints=None, tests=None,
                  trusted=False) -> dict:
@@ -114,7 +100,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
                          | {f.old_path for c in old + new for f in c.files})
     upstream = upstream_commits(repo, *upstream_range, stack_files) if upstream_range else []
 
-    rows, lines = _pair_rows(repo, old, new, rd_pairs, hints, upstream, upstream_range, old_base, new_base)
+    rows, lines = _pair_rows(repo, old, new, rd_pairs, hints, upstream, upstream_range,
+                             (old_base, new_base, new_tip))
     old_info, new_info, objects = _describe_bases(repo, old_base, new_base, old_pin, new_pin, upstream_range)
     new_label = new_info["label"] if new_pin else f"the new base {new_base[:12]}"
     tests = tests or {}
@@ -160,11 +147,12 @@ def _resolve_commits(repo: Path, revs: tuple) -> list:
 
 
 def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream: list, upstream_range,
-               old_base: str, new_base: str):
+               bases: tuple):
     """``(rows, upstream lines)``: old and new patches paired into report rows; an old patch nobody
     claims is looked up upstream (the commit that absorbed it, in the stack's files or anywhere in the
     range, or a likely re-implementation) or in the new tree (its reverse applies) before it counts
     as dropped."""
+    old_base, new_base, _ = bases
     by_commit = {c.commit: i for i, c in enumerate(old)}
     dropped = {by_commit[c] for c in hints.get("dropped", []) if c in by_commit}
     absorbed = {}
@@ -172,40 +160,22 @@ def _pair_rows(repo: Path, old: list, new: list, rd_pairs, hints: dict, upstream
         if sha in by_commit:
             absorbed[by_commit[sha]] = (commit, how)
     lines = fingerprints.UpstreamLines(upstream)  # commits whose effect on a patch was undone drop out
-    in_base = inbase.lines_in_base(repo, old_base, new_base, old)
+    in_base = inbase.lines_in_base(repo, old_base, new_base, old, new)
     for i, (n, total) in sorted(inbase.mostly_in_base(old, in_base).items()):
         if i not in absorbed and i not in dropped:  # absorption weighs before any pairing
             absorbed[i] = _in_base_absorber(repo, old[i], lines.live(old[i]) if upstream else [],
                                             in_base[i], n, total)
     rows_probe = classify(old, new, rd_pairs, absorbed, dropped, in_base=in_base)
-    unfound = []
     candidates = [row.old[0] for row in rows_probe  # old commits nobody claimed
                   if row.status == "dropped" and row.old and by_commit[row.old[0].commit] not in dropped]
-    scan = upstream_search.start(repo, upstream_range, candidates) if upstream_range and candidates else None
-    for c in candidates:  # find where they went upstream
-        commit, how = find_absorbing_commit(repo, c, lines.live(c))
-        if commit:
-            absorbed[by_commit[c.commit]] = (commit, how)
-        else:
-            unfound.append(c)
-    likely = {}
-    anywhere = upstream_search.search(repo, scan, unfound, old_base) if scan else {}
-    for c in unfound:  # its text in files the stacks never touched, or a re-implementation
-        kind, commit, subject, how = anywhere.get(c.commit, ("", "", "", ""))
-        if kind == "absorbed":
-            absorbed[by_commit[c.commit]] = (commit, how)
-        elif reverse_applies(repo, new_base, c.diff):
-            absorbed[by_commit[c.commit]] = ("", "its change is already in the new base")
-        elif kind == "likely":
-            likely[by_commit[c.commit]] = (commit, subject, how)
-        elif upstream_range:  # a re-implementation in the files it changed, by function and purpose
-            found = reimplemented.find(c, upstream)
-            if found:
-                likely[by_commit[c.commit]] = found
+    found, likely, not_carried = whereabouts.search(repo, {by_commit[c.commit]: c for c in candidates}, upstream,
+                                                    upstream_range, lines, bases, in_base)
+    absorbed.update(found)
     rows = order_rows(classify(old, new, rd_pairs, absorbed, dropped, likely, in_base))
     for row in rows:  # say what the search covered, so "not found" is a finding
-        if upstream_range and row.status == "dropped" and by_commit[row.old[0].commit] not in dropped:
-            row.notes = [reimplemented.not_found(row.old[0], upstream)]
+        i = by_commit[row.old[0].commit] if row.old else None
+        if upstream_range and row.status == "dropped" and i not in dropped:
+            row.notes = [not_carried.get(i) or reimplemented.not_found(row.old[0], upstream)]
     return rows, lines
 
 
