@@ -5,7 +5,8 @@ summary that tells the maintainer what to do."""
 from tools.rebase.analysis import conflicts
 from tools.rebase.analysis.lint import lint_worktree
 from tools.rebase.bump.journal_records import StopInfo
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
+from tools.rebase.bump import merge_edits as me
 from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _reset_to, _staged_changes, \
     _subject, _unmerged
 from tools.rebase.bump.prepare import _base_label, _pin_from_toml
@@ -51,10 +52,10 @@ class ConflictStop:
         commit = j.commits[idx]
         unmerged = _unmerged(work)
         # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
-        # amended at a test stop (resolutions.py); only this patch's own.
+        # amended at a test stop (merge_edits.py, amended_edits.py); only this patch's own.
         edits, applied = self._edits(idx), []
-        self._say_out_of_scope(idx, rr.paths_of_blobs(work, set(edits)), edits)
-        edited = rr.apply_merge_edits_chained(work, edits, self._edit_scope(idx), used=applied)
+        self._say_out_of_scope(idx, me.paths_of_blobs(work, set(edits)), edits)
+        edited = me.apply_merge_edits_chained(work, edits, self._edit_scope(idx), used=applied)
         if edited:
             self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)} "
                      f"(from {', '.join(self._shown(e) for e in applied)})")
@@ -103,7 +104,7 @@ class ConflictStop:
         j.stopped = StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
                                 kind="conflict", analysis=analysis,
                                 findings=[f.to_json() for f in findings],
-                                merged=rr.staged_blobs(work, merged))
+                                merged=me.staged_blobs(work, merged))
         self._save()
         raise Stopped(self._conflict_summary())
 

@@ -5,7 +5,7 @@ from tools.rebase.analysis.basecompare import downgrade_warnings
 from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
 from tools.rebase.bump.journal_records import Journal
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
 from tools.rebase.bump.commits import _describe, _head, canonical_chain
 from tools.rebase.bump.prepare import _ensure_applied, _refuse_unsaved_work, resolve_spec
 from tools.rebase.errors import RebaseError
