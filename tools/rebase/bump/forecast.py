@@ -257,7 +257,8 @@ def render(data: dict) -> str:
             out.append(f"- lint (clean merge, broken file): {finding}")
         if row.get("causes"):
             out += ["", "Upstream commits that changed the conflicting lines:", ""]
-            out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["causes"]]
+            out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" + (f" ({_cell(c['how'])})" if c.get("how") else "")
+                    for c in row["causes"]]
         if row.get("also"):
             out += ["", "Also touched these files:", ""]
             out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["also"]]
