@@ -4,6 +4,7 @@ summary that tells the maintainer what to do."""
 
 from tools.rebase.analysis import conflicts
 from tools.rebase.analysis.lint import lint_worktree
+from tools.rebase.bump import lend
 from tools.rebase.bump.journal_records import StopInfo
 from tools.rebase.bump import rerere_store as rr
 from tools.rebase.bump import merge_edits as me
@@ -97,6 +98,7 @@ class ConflictStop:
         rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
         touching = self._upstream_touching(unmerged)
         analysis = self._analyse_conflict(idx, output, touching)
+        analysis["lent"] = lend.candidates(self.lend_home, self.lend_home.line, work, j.names[idx], unmerged)
         merged = sorted(set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
         # files that merged cleanly next to the conflict can be broken too
         findings = lint_worktree(work, merged, baselines=(j.new_base, commit))
@@ -107,6 +109,16 @@ class ConflictStop:
                                 merged=me.staged_blobs(work, merged))
         self._save()
         raise Stopped(self._conflict_summary())
+
+    def _take_lent(self, label: str):
+        """``--take-from LABEL``: stage that line's version of the stopped patch over every conflicted
+        file (``lend.take`` refuses one that leaves a conflict); the continue records it."""
+        j = self.j
+        if j.phase != "stopped" or j.stopped is None or j.stopped.kind != "conflict":
+            raise RebaseError("--take-from applies only while the bump is stopped at a conflicting patch")
+        name = j.names[j.stopped.index]
+        paths = lend.take(self.work, self.lend_home, self.lend_home.line, name, label)
+        self.log(f"  {name}: took line {label}'s version of {', '.join(paths)}")
 
     def _upstream_touching(self, files):
         j = self.j
@@ -157,6 +169,7 @@ class ConflictStop:
                   and not (s.analysis["causes"] or s.analysis["also"]) else []),
                 *(["files that merged cleanly but break the post-merge lint:"]
                   + [f"  {f['message']}" for f in s.findings] if s.findings else []),
+                *lend.summary_lines(s.analysis.get("lent", []), self.layout.line_flag),
                 *_resolve_hint(self.work, self.layout.line_flag)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "

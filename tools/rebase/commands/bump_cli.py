@@ -21,6 +21,9 @@ def register(sub):
     p.add_argument("--drop", action="store_true",
                    help="with --continue: remove the patch the bump stopped at, on purpose "
                         "(a line records it in patches/dropped)")
+    p.add_argument("--take-from", metavar="LINE",
+                   help="with --continue: resolve the stop with line LINE's version of the patch (the "
+                        "stop names the lines whose version applies; `release` is the top-level line)")
     p.add_argument("--no-tests", action="store_true",
                    help="do not re-run the Tests: of patches whose conflicts were resolved")
     p.add_argument("--mirror", metavar="PATH",
@@ -55,6 +58,8 @@ def _cmd_bump(args, lay):
 
     if args.drop and not args.cont:
         raise RebaseError("--drop goes with --continue")
+    if args.take_from is not None and (not args.cont or args.drop):
+        raise RebaseError("--take-from goes with --continue (and not with --drop)")
     if args.mirror:
         from tools.rebase.stack.pin import parse_spec
         from tools.rebase.stack.source import use_mirror
@@ -84,7 +89,7 @@ def _cmd_bump(args, lay):
         if args.abort:
             bump_abort(lay)
         elif args.cont:
-            bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
+            bump_continue(lay, drop=args.drop, take_from=args.take_from, run_tests=not args.no_tests)
         else:
             bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender,
                  allow_downgrade=args.allow_downgrade)
