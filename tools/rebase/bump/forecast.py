@@ -132,7 +132,8 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="rebase-forecast-") as tmp:
         scratch = _scratch(layout, Path(tmp))
         b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from,
-                    allow_downgrade=True, lend_home=layout)  # a dry run only warns; the real lines lend
+                    allow_downgrade=True, lend_home=layout,  # a dry run only warns; the real lines lend
+                    allow_broken_premise=True)
         stops = {}
         try:
             b.start(spec)
@@ -158,6 +159,7 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
 
         data["warnings"] = refusals + downgrade_warnings(scratch.work, j.old_base, j.new_base,
                                                          _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin))
+        data["warnings"] += [f"a real bump would refuse: {p}" for p in b.premise_broken]
         upstream = _upstream_count(scratch.work, data["old_base"], data["new_base"])
         if upstream is not None:
             data["upstream_commits"] = upstream

@@ -64,6 +64,7 @@ class StartPhase:
                 f"--allow-downgrade; `bump --dry-run` forecasts it without changing anything.")
         for warning in backwards:
             self.log(f"warning: {warning} (--allow-downgrade)")
+        self._check_premise()
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))

@@ -74,6 +74,9 @@ _COMMANDS = {
         "patch (same Patch-Name) is tried on the conflicted files, three-way, and a line whose "
         "version resolves them all is offered: --continue --take-from LINE takes it (recorded like "
         "a resolution made by hand). "
+        "Before the replay the line's premise (lines/NAME/premise.toml: names the base must define) "
+        "and the upstream commits and names its patches/dropped reasons cite are re-checked on the new "
+        "base; a break refuses the bump unless --allow-broken-premise. "
         "--dry-run forecasts every stop by running the bump in a scratch copy, and counts the stops "
         "another line's version would resolve.",
         "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, the README's "
