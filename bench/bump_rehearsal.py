@@ -136,24 +136,30 @@ def rehearse(fork: Path, line: str, upstream: Path, state: dict, tests: int, log
     out["bump"] = {"seconds": round(time.monotonic() - t, 1), "stops": stops}
     record = json.loads(layout.report_json.read_text())
     out["report_counts"] = {k: v for k, v in record["counts"].items() if v}
-    out["tests"] = run_tests(fork, line, upstream, [s["patch"] for s in stops if s["action"] != "drop"], tests, log)
+    changed = set(git(upstream, "diff", "--name-only", state["pin"], state["commit"]).split())
+    out["tests"] = run_tests(fork, line, upstream, [s["patch"] for s in stops if s["action"] != "drop"], changed,
+                             tests, log)
     return out
 
 
-def run_tests(fork: Path, line: str, upstream: Path, patches: list, limit: int, log) -> dict:
+def run_tests(fork: Path, line: str, upstream: Path, resolved: list, changed: set, limit: int, log) -> dict:
+    """Run the ``Tests:`` most at risk, at most ``limit`` ids: those of the patches whose stop was
+    resolved, then of the patches that change a file the new upstream state changed."""
     if limit <= 0:
         return {"ran": 0, "why": "--tests 0"}
     from tools.rebase.git.paths import Layout
+    from tools.rebase.stack.seed import files_of_patch
     from tools.rebase.stack.series import parse_patch, read_series
 
     layout = Layout(fork, line)
+    patches = [parse_patch(layout.patches / entry) for entry in read_series(layout.series).names]
+    at_risk = [p for p in patches if p.name in resolved] + [
+        p for p in patches if p.name not in resolved and files_of_patch(layout.patches, p.name) & changed]
     ids = []
-    for entry in read_series(layout.series).names:
-        patch = parse_patch(layout.patches / entry)
-        if patch.name in patches:
-            ids += [i for i in patch.tests if i not in ids]
+    for patch in at_risk:
+        ids += [i for i in patch.tests if i not in ids]
     if not ids:
-        return {"ran": 0, "why": "no stop was resolved by another line's version"}
+        return {"ran": 0, "why": "no patch was resolved or touches a file upstream changed"}
     ids = ids[:limit]
     env = dict(os.environ, FORK_REBASE_ALLOW_UNANCHORED_PIN="1", PYTHONPATH=str(fork))  # the fork's megatron/ first
     t = time.monotonic()
@@ -162,7 +168,8 @@ def run_tests(fork: Path, line: str, upstream: Path, patches: list, limit: int, 
                           capture_output=True, text=True, env=env)
     tail = proc.stdout.strip().splitlines()[-1:] or [""]
     log(f"  tests: {tail[0]}")
-    return {"ids": ids, "exit": proc.returncode, "summary": tail[0], "seconds": round(time.monotonic() - t, 1)}
+    return {"patches": [p.name for p in at_risk], "ids": ids, "exit": proc.returncode, "summary": tail[0],
+            "seconds": round(time.monotonic() - t, 1)}
 
 
 def main(argv=None):
@@ -199,7 +206,7 @@ def main(argv=None):
             pin = load_pin(Layout(fork, args.line).pin).commit
             print(f"{name}: {branch} onto {pin[:12]}", flush=True)
             t = time.monotonic()
-            state = build_state(upstream, pin, branch, name)
+            state = dict(build_state(upstream, pin, branch, name), pin=pin)
             state["seconds"] = round(time.monotonic() - t, 1)
             print(f"  state {state['commit'][:12]}: {state['upstream_commits']} upstream commits, "
                   f"{state['conflicted_files_taken_from_branch']} conflicting files taken from {branch}", flush=True)
