@@ -24,6 +24,7 @@ are recorded, not obeyed: the point is to see the whole bump).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,12 +70,11 @@ def build_state(upstream: Path, pin: str, branch: str, name: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
             git(upstream, "read-tree", tree, env=env)
+            feed = []  # --index-info works in a bare repository; mode 0 removes the path
             for path in conflicted:
                 entry = git(upstream, "ls-tree", branch, "--", path, env=env).split()
-                if entry:
-                    git(upstream, "update-index", "--add", "--cacheinfo", f"{entry[0]},{entry[2]},{path}", env=env)
-                else:
-                    git(upstream, "update-index", "--force-remove", "--", path, env=env)
+                feed.append(f"{entry[0]} {entry[2]}\t{path}\n" if entry else f"0 {'0' * 40}\t{path}\n")
+            git(upstream, "update-index", "--index-info", env=env, input="".join(feed))
             tree = git(upstream, "write-tree", env=env).strip()
     ident = dict(os.environ, GIT_AUTHOR_NAME="rehearsal", GIT_AUTHOR_EMAIL="rehearsal@example.invalid",
                  GIT_COMMITTER_NAME="rehearsal", GIT_COMMITTER_EMAIL="rehearsal@example.invalid",
@@ -166,10 +166,12 @@ def run_tests(fork: Path, line: str, upstream: Path, resolved: list, changed: se
     sh(sys.executable, "-m", "tools.rebase", "-C", fork, "apply", "--line", line, "--mirror", upstream, cwd=ROOT, env=env)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids], cwd=fork,
                           capture_output=True, text=True, env=env)
-    tail = proc.stdout.strip().splitlines()[-1:] or [""]
-    log(f"  tests: {tail[0]}")
-    return {"patches": [p.name for p in at_risk], "ids": ids, "exit": proc.returncode, "summary": tail[0],
-            "seconds": round(time.monotonic() - t, 1)}
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    summary = next((ln for ln in reversed(lines) if re.search(r"\b(passed|failed|error|errors|no tests ran)\b", ln)),
+                   lines[-1] if lines else "")
+    log(f"  tests: {summary}")
+    return {"patches": [p.name for p in at_risk], "ids": ids, "exit": proc.returncode, "summary": summary,
+            "output_tail": lines[-15:], "seconds": round(time.monotonic() - t, 1)}
 
 
 def main(argv=None):
