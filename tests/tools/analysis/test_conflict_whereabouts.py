@@ -111,3 +111,28 @@ def test_the_search_follows_lines_a_merge_commit_took_out(fork, tmp_path):
     text, a = _stop(fork)
     assert [c["commit"] for c in a["causes"]] == [merge]
     assert a["causes"][0]["how"] == f"{G}: deleted"
+
+
+def test_a_merge_built_on_the_sync_is_not_named_with_it(fork):
+    """The new base merges a branch that already carries the sync merge: the sync took the code
+    out, the merge on top only repeats it against its own first parent."""
+    from tests.tools.bumpkit import sh
+
+    fork.stack([("edit-gamma", {G: _edit("gamma", 20)})])
+    up = fork.upstream
+    pin = sh("git", "rev-parse", "v1", cwd=up).strip()
+    sh("git", "checkout", "-q", "-b", "side", cwd=up)
+    fork.upstream_commit({B: replace_line("value_beta_3 ", "value_beta_3x ")}, "side: beta")
+    sh("git", "checkout", "-q", "-b", "synced", pin, cwd=up)
+    sh("git", "merge", "-q", "--no-commit", "side", cwd=up, check=False)
+    lines = code("gamma").splitlines(keepends=True)
+    (up / G).write_text("".join(lines[:15] + lines[25:]))
+    sh("git", "add", "-A", cwd=up)
+    sh("git", "commit", "-q", "-m", "merge side into synced", cwd=up)
+    sync = sh("git", "rev-parse", "HEAD", cwd=up).strip()
+    fork.upstream_commit({D: replace_line("value_delta_3 ", "value_delta_3x ")}, "pr: on top of the sync")
+    sh("git", "checkout", "-q", "main", cwd=up)
+    sh("git", "merge", "-q", "--no-ff", "-m", "merge the pr", "synced", cwd=up)
+    sh("git", "tag", "v2", cwd=up)
+    text, a = _stop(fork)
+    assert [c["commit"] for c in a["causes"]] == [sync]

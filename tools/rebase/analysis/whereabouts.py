@@ -129,9 +129,9 @@ def _lines_gone(work, old: str, new: str, path: str, texts: list) -> list:
     found = {}
     for merges in (False, True):
         for text in texts:
-            for sha in _pickaxe(work, old, new, text, merges, path):
+            for sha in _pickaxe(work, old, new, text, merges, path):  # oldest first: the first to take it out
                 if sha in found:
-                    continue
+                    break
                 changes = _changes(work, sha, merges or _is_merge(work, sha))
                 removed = changes.get(path, (set(), set()))[0]
                 if text not in removed:
@@ -143,6 +143,7 @@ def _lines_gone(work, old: str, new: str, path: str, texts: list) -> list:
                     continue  # rewritten in place: blame's business
                 found[sha] = {"commit": sha, "subject": _subject(work, sha),
                               "how": f"moved to {to}" if to else "deleted"}
+                break  # a later commit removing it again (a sync merge built on this one) is not the cause
         if found:
             break
     return list(found.values())
