@@ -136,3 +136,22 @@ def test_a_merge_built_on_the_sync_is_not_named_with_it(fork):
     sh("git", "tag", "v2", cwd=up)
     text, a = _stop(fork)
     assert [c["commit"] for c in a["causes"]] == [sync]
+
+
+def test_a_file_only_a_dropped_patch_added_names_that_patch(fork):
+    """modify/delete on a file the old stack added: upstream never had it; the patch that added it
+    was dropped at an earlier stop of this bump, and the stop says so (the rehearsal onto PR 6756
+    stopped twice on fork_compat.py with no cause)."""
+    from tools.rebase.bump.bump import bump_continue
+
+    helper = "megatron/core/helper_fork.py"
+    fork.stack([("add-helper", {helper: code("helper", 10), G: _edit("gamma", 20)}),
+                ("use-helper", {helper: _edit("helper", 4)})])
+    fork.upstream_commit({G: replace_line("value_gamma_20 ", "value_gamma_20_up ")}, "upstream: gamma 20", tag="v2")
+    _stop(fork)
+    with pytest.raises(Stopped) as info:
+        bump_continue(fork.layout, drop=True, log=quiet, test_runner=lambda lay, n, ids: {})
+    a = journal.load(fork.layout).stopped.analysis
+    assert a["types"] == {helper: "modify/delete"}
+    assert a["causes"] == []
+    assert "introduced by a patch dropped in this bump: add-helper" in str(info.value)

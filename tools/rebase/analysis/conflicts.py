@@ -268,7 +268,10 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
             for sha in _blame(work, [f"{old_chain[0]}..{old_chain[1]}", "--", path], base_ranges):
                 if sha and sha != "0" * 40:
                     old_lines[sha] = old_lines.get(sha, 0) + 1
-        if rng and not any(s and s != "0" * 40 for s in blamed):  # blame found nothing: follow the code
+        stack_added = _added_by_old_stack(work, old_chain, path, st)
+        if stack_added:  # the file came from a patch that did not come along, not from upstream
+            old_lines[stack_added] = old_lines.get(stack_added, 0) + 1
+        elif rng and not any(s and s != "0" * 40 for s in blamed):  # blame found nothing: follow the code
             went = whereabouts.where_it_went(work, rng, path, _patch_context(work, st, base_lines),
                                              bool(_blob_id(work, f"{rng[1]}:{path}")))
             for finding in went:
@@ -287,6 +290,16 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
     also = [c for c in candidates if c["commit"] not in named]
     return {"types": types, "causes": causes, "also": also, "files": files,
             "stack_context": sorted(stack_lines), "old_context": sorted(old_lines)}
+
+
+def _added_by_old_stack(work, old_chain, path: str, st: dict) -> str:
+    """The old patch that added ``path`` when the new side lacks it and the old base did too (a
+    file of the stack whose patch was dropped in this bump, say), else ""."""
+    if not old_chain or st.get(2) or not st.get(1) or _blob_id(work, f"{old_chain[0]}:{path}"):
+        return ""
+    added = git("log", "--diff-filter=A", "--format=%H", f"{old_chain[0]}..{old_chain[1]}", "--", path,
+                cwd=work).split()
+    return added[-1] if added else ""
 
 
 def _cause(work, sha: str, subjects: dict, lines: int, files: dict) -> dict:
