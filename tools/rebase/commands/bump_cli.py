@@ -65,7 +65,7 @@ def _cmd_bump(args, lay):
         raise RebaseError("--take-from goes with --continue (and not with --drop)")
     if args.mirror:
         from tools.rebase.stack.pin import parse_spec
-        from tools.rebase.stack.source import use_mirror
+        from tools.rebase.stack.gitsource import use_mirror
 
         if not args.onto or parse_spec(args.onto)[0] != "git":
             raise RebaseError("--mirror goes with --onto git:URL@ref")
