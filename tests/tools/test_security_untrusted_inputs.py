@@ -283,7 +283,7 @@ def test_patch_name_with_traversal_is_refused(fork, tmp_path):
 
 
 def test_resolutions_refuse_unsafe_names(fork, tmp_path):
-    from tools.rebase.bump.resolutions import export_resolutions, import_resolutions
+    from tools.rebase.bump.rerere_store import export_resolutions, import_resolutions
 
     two_patch_stack(fork)
     rr = fork.work / ".git" / "rr-cache" / ("a" * 40)
@@ -553,7 +553,7 @@ def test_a_malformed_committed_report_is_a_clean_error_when_the_record_is_rebuil
 def test_a_symlinked_resolutions_folder_is_refused_before_anything_is_read_or_pruned(fork, tmp_path):
     """patches/resolutions comes from a pull request: as a link to an outside folder, import would
     read it and the bump's prune would delete every folder in it not named like a patch."""
-    from tools.rebase.bump.resolutions import export_resolutions, import_resolutions, prune
+    from tools.rebase.bump.rerere_store import export_resolutions, import_resolutions, prune
 
     victim = tmp_path / "victim"
     (victim / "keep-me" / ("c" * 40)).mkdir(parents=True)

@@ -7,7 +7,7 @@ replay applied only the first edit and shipped the upstream-main version of the 
 
 import subprocess
 
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import merge_edits as rr
 
 
 def git(cwd, *args, data=None):

@@ -7,7 +7,7 @@ without the file, with no word at the stop. ``bump --continue`` now warns, namin
 
 import subprocess
 
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import merge_edits as rr
 
 
 def git(cwd, *args):

@@ -93,9 +93,10 @@ def test_every_status_on_plain_git_ranges(tmp_path):
         assert rows[subject]["status"] == status, (subject, rows[subject])
     reordered = [r for r in data["mapping"] if r["status"] == "reordered"]
     assert len(reordered) == 1 and reordered[0]["new"][0]["subject"] in ("r-one", "r-two")
-    # likely-absorbed (a re-implementation upstream) and regrouped have their own tests in
-    # test_report_upstream_search.py and test_report_drops_and_regroups.py
-    assert {s for s in STATUSES if data["counts"][s]} == set(STATUSES) - {"likely-absorbed", "regrouped"}
+    # likely-absorbed (a re-implementation upstream), regrouped and unreached (a clean merge into code
+    # the new base no longer reaches) have their own tests in test_report_upstream_search.py,
+    # test_report_drops_and_regroups.py and test_report_unreached.py
+    assert {s for s in STATUSES if data["counts"][s]} == set(STATUSES) - {"likely-absorbed", "regrouped", "unreached"}
     # merged: both old patches on one row, in old order; split: one old, two new
     assert [c["subject"] for c in rows["m-one"]["old"]] == ["m-one", "m-two"]
     assert [c["subject"] for c in rows["splitme"]["new"]] == ["splitme", "splitme-second"]

@@ -21,7 +21,7 @@ from tools.rebase.git.gitcmd import git_proc
 from tools.rebase.analysis.subjects import normalized, strip_numbering
 
 STATUSES = ("identical", "refreshed", "modified", "message-only", "renumbered", "absorbed",
-            "likely-absorbed", "dropped", "new", "merged", "regrouped", "split", "reordered")
+            "likely-absorbed", "dropped", "new", "merged", "regrouped", "split", "reordered", "unreached")
 PAIR_THRESHOLD = 0.5  # overlap / larger patch, for one-to-one pairing by content
 _RANGE_DIFF_LINE = re.compile(
     r"^\s*(?P<a>\d+|-+):\s+(?P<ah>[0-9a-f]+|-+)\s+(?P<op>[=!<>])\s+(?P<b>\d+|-+):\s+(?P<bh>[0-9a-f]+|-+)"

@@ -12,6 +12,7 @@ files follow as "also touched these files". Lines that came from patches of the 
 
 import re
 
+from tools.rebase.analysis import code_moves
 from tools.rebase.git.gitcmd import git, git_proc
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -267,18 +268,61 @@ def analyse(work, git_output: str, upstream_range=None, candidates=(), new_base=
             for sha in _blame(work, [f"{old_chain[0]}..{old_chain[1]}", "--", path], base_ranges):
                 if sha and sha != "0" * 40:
                     old_lines[sha] = old_lines.get(sha, 0) + 1
+        stack_added = _added_by_old_stack(work, old_chain, path, st)
+        if stack_added:  # the file came from a patch that did not come along, not from upstream
+            old_lines[stack_added] = old_lines.get(stack_added, 0) + 1
+        elif rng and not any(s and s != "0" * 40 for s in blamed):  # blame found nothing: follow the code
+            went = code_moves.where_it_went(work, rng, path, _patch_context(work, st, base_lines),
+                                             bool(_blob_id(work, f"{rng[1]}:{path}")))
+            for finding in went:
+                mine[finding["commit"]] = mine.get(finding["commit"], 0) + 1
+                subjects.setdefault(finding["commit"], finding["subject"])
+            if went:
+                info["went"] = [{"commit": f["commit"], "how": f["how"]} for f in went]
         order = {c["commit"]: k for k, c in enumerate(candidates)}
         info["causes"] = sorted(mine, key=lambda s: (order.get(s, len(order)), s))
         for sha, n in mine.items():
             lines_by_commit[sha] = lines_by_commit.get(sha, 0) + n
     order = {c["commit"]: k for k, c in enumerate(candidates)}
-    causes = [{"commit": s, "subject": subjects.get(s) or _subject(work, s), "lines": lines_by_commit[s],
-               "files": sorted(p for p, i in files.items() if s in i["causes"])}
+    causes = [_cause(work, s, subjects, lines_by_commit[s], files)
               for s in sorted(lines_by_commit, key=lambda s: (order.get(s, len(order)), s))]
     named = {c["commit"] for c in causes}
     also = [c for c in candidates if c["commit"] not in named]
     return {"types": types, "causes": causes, "also": also, "files": files,
             "stack_context": sorted(stack_lines), "old_context": sorted(old_lines)}
+
+
+def _added_by_old_stack(work, old_chain, path: str, st: dict) -> str:
+    """The old patch that added ``path`` when the new side lacks it and the old base did too (a
+    file of the stack whose patch was dropped in this bump, say), else ""."""
+    if not old_chain or st.get(2) or not st.get(1) or _blob_id(work, f"{old_chain[0]}:{path}"):
+        return ""
+    added = git("log", "--diff-filter=A", "--format=%H", f"{old_chain[0]}..{old_chain[1]}", "--", path,
+                cwd=work).split()
+    return added[-1] if added else ""
+
+
+def _cause(work, sha: str, subjects: dict, lines: int, files: dict) -> dict:
+    cause = {"commit": sha, "subject": subjects.get(sha) or _subject(work, sha), "lines": lines,
+             "files": sorted(p for p, i in files.items() if sha in i["causes"])}
+    how = sorted({f"{p}: {w['how']}" for p, i in files.items() for w in i.get("went", []) if w["commit"] == sha})
+    if how:
+        cause["how"] = "; ".join(how)
+    return cause
+
+
+def _patch_context(work, st: dict, base_lines: list, around: int = 2) -> list:
+    """The base-side lines the patch changes in a file, with ``around`` lines each side: what the
+    patch needs of upstream's code, to be followed when blame cannot."""
+    if not st.get(1):
+        return []
+    if not st.get(3):
+        return base_lines
+    picked = set()
+    for b0, bn, _, _ in _hunks(work, st[1], st[3]):
+        first = b0 if bn else b0 + 1
+        picked.update(range(max(1, first - around), min(len(base_lines), first + max(bn, 1) - 1 + around) + 1))
+    return [base_lines[i - 1] for i in sorted(picked)]
 
 
 def _subject(work, sha: str) -> str:
@@ -320,7 +364,8 @@ def summary_lines(analysis: dict, names: dict = None, dropped: dict = None) -> l
         out.append(f"  {path} ({info['type']} conflict{since})")
     if analysis["causes"]:
         out.append("upstream commits that changed the conflicting lines:")
-        out += [f"  {c['commit'][:12]} {c['subject']} ({', '.join(c['files'])})" for c in analysis["causes"]]
+        out += [f"  {c['commit'][:12]} {c['subject']} ({c.get('how') or ', '.join(c['files'])})"
+                for c in analysis["causes"]]
     if analysis["also"]:
         out.append("also touched these files:")
         out += [f"  {c['commit'][:12]} {c['subject']}" for c in analysis["also"]]

@@ -30,6 +30,7 @@ from tools.rebase.bump.conflict import ConflictStop
 from tools.rebase.bump.finish import FinishPhase
 from tools.rebase.bump.killpoints import env_hook
 from tools.rebase.bump.lintgate import LintGate
+from tools.rebase.bump.premise_gate import PremiseGate
 from tools.rebase.bump.prepare import _pin_from_toml
 from tools.rebase.bump.replay import ReplayPhase
 from tools.rebase.bump.resolved_tests import ResolvedTests, pytest_runner
@@ -43,16 +44,19 @@ from tools.rebase.git.lock import locked
 __all__ = ["Bump", "Stopped", "bump", "bump_abort", "bump_continue", "pytest_runner"]
 
 
-class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, ContinuePhase, ResolvedTests,
+class Bump(StartPhase, PremiseGate, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, ContinuePhase, ResolvedTests,
            FinishPhase, AbortPhase):
     """One bump: its state (layout, journal ``j``, log, test runner, kill-point hook) and the order
     of its phases; the phases themselves are the mixins."""
 
     def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True,
-                 resolutions_from=None, allow_downgrade=False):
+                 resolutions_from=None, allow_downgrade=False, lend_home=None, allow_broken_premise=False):
         self.layout = layout
         self.allow_downgrade = allow_downgrade  # onto an older or lower-versioned base: refused unless set
         self.resolutions_from = resolutions_from  # another line's Layout: its resolutions are reused too
+        self.lend_home = lend_home or layout  # whose checkout's other lines lend their patch versions
+        self.allow_broken_premise = allow_broken_premise  # a base that breaks the premise: refused unless set
+        self.premise_broken = []
         self.work = layout.work
         self.log = log
         self.test_runner = test_runner
@@ -64,7 +68,7 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
     def _save(self):
         jr.save(self.layout, self.j)
 
-    def resume(self, drop: bool = False):
+    def resume(self, drop: bool = False, take_from: str = None):
         self.j = jr.load(self.layout)
         if not self.j:
             raise RebaseError("no bump in progress (nothing to continue)")
@@ -73,6 +77,8 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
         phase = self.j.phase
         if drop and phase != "stopped":
             raise RebaseError("--drop applies only while the bump is stopped at a conflicting patch")
+        if take_from is not None:
+            self._take_lent(take_from)  # the other line's files staged: continued as a resolution
         if self.j.new_base is None:  # killed while importing the new base: start that step again
             self._import_new_base(_pin_from_toml(self.j.new_pin))
         if phase == "stopped":
@@ -110,9 +116,9 @@ def bump(layout, spec: str, **kw):
         return Bump(layout, **kw).start(spec)
 
 
-def bump_continue(layout, drop: bool = False, **kw):
+def bump_continue(layout, drop: bool = False, take_from: str = None, **kw):
     with locked(layout, "bump --continue"):
-        return Bump(layout, **kw).resume(drop=drop)
+        return Bump(layout, **kw).resume(drop=drop, take_from=take_from)
 
 
 def bump_abort(layout, **kw):

@@ -4,7 +4,7 @@ commit a pick, rewrite a chain reproducibly, reset after a stop. Private to the 
 
 from pathlib import Path
 
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
 from tools.rebase.git.gitcmd import git, git_proc, head_commit
 from tools.rebase.stack.stack import chain_log, commit_message
 

@@ -4,8 +4,10 @@ summary that tells the maintainer what to do."""
 
 from tools.rebase.analysis import conflicts
 from tools.rebase.analysis.lint import lint_worktree
+from tools.rebase.bump import lend
 from tools.rebase.bump.journal_records import StopInfo
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
+from tools.rebase.bump import merge_edits as me
 from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _reset_to, _staged_changes, \
     _subject, _unmerged
 from tools.rebase.bump.prepare import _base_label, _pin_from_toml
@@ -51,10 +53,10 @@ class ConflictStop:
         commit = j.commits[idx]
         unmerged = _unmerged(work)
         # Recorded edits of files that merged cleanly next to the conflict, or of a clean merge
-        # amended at a test stop (resolutions.py); only this patch's own.
+        # amended at a test stop (merge_edits.py, amended_edits.py); only this patch's own.
         edits, applied = self._edits(idx), []
-        self._say_out_of_scope(idx, rr.paths_of_blobs(work, set(edits)), edits)
-        edited = rr.apply_merge_edits_chained(work, edits, self._edit_scope(idx), used=applied)
+        self._say_out_of_scope(idx, me.paths_of_blobs(work, set(edits)), edits)
+        edited = me.apply_merge_edits_chained(work, edits, self._edit_scope(idx), used=applied)
         if edited:
             self.log(f"  {j.names[idx]}: recorded edits of cleanly merged {', '.join(edited)} "
                      f"(from {', '.join(self._shown(e) for e in applied)})")
@@ -96,6 +98,7 @@ class ConflictStop:
         rr.enable(work)  # so a commit the maintainer makes while resolving is recorded too
         touching = self._upstream_touching(unmerged)
         analysis = self._analyse_conflict(idx, output, touching)
+        analysis["lent"] = lend.candidates(self.lend_home, self.lend_home.line, work, j.names[idx], unmerged)
         merged = sorted(set(git("diff", "--cached", "--name-only", cwd=work).split()) - set(unmerged))
         # files that merged cleanly next to the conflict can be broken too
         findings = lint_worktree(work, merged, baselines=(j.new_base, commit))
@@ -103,9 +106,19 @@ class ConflictStop:
         j.stopped = StopInfo(index=idx, files=unmerged, rerere_ids=ids, upstream=touching,
                                 kind="conflict", analysis=analysis,
                                 findings=[f.to_json() for f in findings],
-                                merged=rr.staged_blobs(work, merged))
+                                merged=me.staged_blobs(work, merged))
         self._save()
         raise Stopped(self._conflict_summary())
+
+    def _take_lent(self, label: str):
+        """``--take-from LABEL``: stage that line's version of the stopped patch over every conflicted
+        file (``lend.take`` refuses one that leaves a conflict); the continue records it."""
+        j = self.j
+        if j.phase != "stopped" or j.stopped is None or j.stopped.kind != "conflict":
+            raise RebaseError("--take-from applies only while the bump is stopped at a conflicting patch")
+        name = j.names[j.stopped.index]
+        paths = lend.take(self.work, self.lend_home, self.lend_home.line, name, label)
+        self.log(f"  {name}: took line {label}'s version of {', '.join(paths)}")
 
     def _upstream_touching(self, files):
         j = self.j
@@ -156,6 +169,7 @@ class ConflictStop:
                   and not (s.analysis["causes"] or s.analysis["also"]) else []),
                 *(["files that merged cleanly but break the post-merge lint:"]
                   + [f"  {f['message']}" for f in s.findings] if s.findings else []),
+                *lend.summary_lines(s.analysis.get("lent", []), self.layout.line_flag),
                 *_resolve_hint(self.work, self.layout.line_flag)])
         lines = [
             f"bump stopped: patch {idx + 1:04d}-{j.names[idx]} ({_subject(self.work, j.commits[idx])}) "

@@ -9,7 +9,7 @@ from pathlib import Path
 from tools.rebase.analysis.classify import prefetch_range_diff
 from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
 from tools.rebase.bump.commits import _describe, _to_branch, canonical_chain
 from tools.rebase.bump.package_copy import restore_package
 from tools.rebase.bump.prepare import _base_label, _pin_from_toml

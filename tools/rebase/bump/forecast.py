@@ -86,6 +86,7 @@ def _stop_entry(j) -> dict:
     if s.analysis:
         a = s.analysis
         entry.update(types=a["types"], causes=a["causes"], also=a["also"])
+        entry["lent"] = [c["line"] for c in a.get("lent", []) if c["files"] and not c["missing"]]
         since = {p: i["upstream_from"] for p, i in a["files"].items() if i.get("upstream_from")}
         if since:  # old base is an sdist: where each file's upstream history was read from
             entry["history_from"] = since
@@ -131,7 +132,8 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="rebase-forecast-") as tmp:
         scratch = _scratch(layout, Path(tmp))
         b = DryBump(scratch, log=lambda *_: None, hook=_no_kill, run_tests=False, resolutions_from=resolutions_from,
-                    allow_downgrade=True)  # a dry run only warns
+                    allow_downgrade=True, lend_home=layout,  # a dry run only warns; the real lines lend
+                    allow_broken_premise=True)
         stops = {}
         try:
             b.start(spec)
@@ -157,6 +159,7 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
 
         data["warnings"] = refusals + downgrade_warnings(scratch.work, j.old_base, j.new_base,
                                                          _pin_from_toml(j.old_pin), _pin_from_toml(j.new_pin))
+        data["warnings"] += [f"a real bump would refuse: {p}" for p in b.premise_broken]
         upstream = _upstream_count(scratch.work, data["old_base"], data["new_base"])
         if upstream is not None:
             data["upstream_commits"] = upstream
@@ -182,6 +185,7 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
                 row["status"] = "clean"
             data["patches"].append(row)
     data["would_stop"] = bool(stops)
+    data["lendable"] = sum(1 for stop in stops.values() if stop.get("lent"))
     counts = {}
     for row in data["patches"]:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
@@ -238,6 +242,10 @@ def render(data: dict) -> str:
         stack = data["stack"]
         out.append(f"- Stack: {len(stack['patches'])} patches (digest `{stack['digest'][:12]}`)")
     out += [f"- **Warning**: {w}" for w in data.get("warnings", [])]
+    stops = sum(1 for row in data["patches"] if row["status"] == "conflict")
+    if stops and "lendable" in data:  # forecasts made before lines lent their versions lack it
+        out.append(f"- Conflicts another line's version of the patch resolves: {data['lendable']} of "
+                   f"{stops} (`bump --continue --take-from LINE` at each)")
     out += [f"- Outcome: {outcome(data)}", "",
             "Stops are dropped in the scratch replay so it can go on; a patch that needed a dropped "
             "patch's context says so.", "",
@@ -257,10 +265,13 @@ def render(data: dict) -> str:
             out.append(f"- lint (clean merge, broken file): {finding}")
         if row.get("causes"):
             out += ["", "Upstream commits that changed the conflicting lines:", ""]
-            out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["causes"]]
+            out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" + (f" ({_cell(c['how'])})" if c.get("how") else "")
+                    for c in row["causes"]]
         if row.get("also"):
             out += ["", "Also touched these files:", ""]
             out += [f"- `{c['commit'][:12]}` {_cell(c['subject'])}" for c in row["also"]]
+        if row.get("lent"):
+            out += ["", f"Resolved by the version of: {', '.join(row['lent'])} (`--take-from`)."]
         if row.get("after_dropped"):
             out += ["", f"Its conflicting context came from {', '.join(row['after_dropped'])}, dropped above."]
         if row.get("if_dropped"):
@@ -280,6 +291,8 @@ def _detail(row: dict) -> str:
             text += f"; caused by {causes}"
         if row.get("after_dropped"):
             text += f"; context from dropped {', '.join(row['after_dropped'])}"
+        if row.get("lent"):
+            text += f"; {', '.join(row['lent'])}'s version resolves it"
         return text
     if row["status"] == "lint finding":
         return "; ".join(row.get("findings", []))

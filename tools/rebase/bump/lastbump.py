@@ -14,7 +14,7 @@ from tools.rebase.git.gitcmd import git, git_proc
 
 # Notes the bump attaches to new commits (bump.py ``_record``); anything else in a row's note
 # comes from the classification and is recomputed.
-# A patch that merged cleanly and was given a recorded edit (replay.py, resolutions.py).
+# A patch that merged cleanly and was given a recorded edit (replay.py, merge_edits.py).
 CLEAN_EDITED_NOTE = "resolved by a recorded resolution (edits of a clean merge)"
 BUMP_NOTES = ("conflict resolved by hand", "conflict resolved by a recorded resolution", CLEAN_EDITED_NOTE)
 DROPPED_NOTE = "removed on purpose by the maintainer"

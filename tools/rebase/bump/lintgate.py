@@ -3,7 +3,7 @@ hand resolution that breaks a Python file stops the bump like a conflict."""
 
 from tools.rebase.analysis.lint import first_broken, lint_change
 from tools.rebase.bump.journal_records import StopInfo
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import merge_edits as me
 from tools.rebase.bump.commits import _reset_to
 from tools.rebase.bump.stopped import Stopped
 from tools.rebase.git.gitcmd import git
@@ -47,7 +47,7 @@ class LintGate:
         staged = git("diff", "--cached", "--name-only", cwd=self.work).split()
         j.stopped = StopInfo(index=idx, files=files, rerere_ids=[], upstream=self._upstream_touching(files),
                                 kind="lint", findings=[f.to_json() for f in findings],
-                                merged=rr.staged_blobs(self.work, staged))
+                                merged=me.staged_blobs(self.work, staged))
         self._save()
         raise Stopped(self._conflict_summary())
 

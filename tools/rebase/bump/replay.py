@@ -2,7 +2,9 @@
 as replayed patches (the ones it skipped are absorbed), recovery after a kill, and the outcome
 records every phase writes into the journal."""
 
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
+from tools.rebase.bump import merge_edits as me
+from tools.rebase.stack.recordings import recorded_path
 from tools.rebase.bump.journal_records import Outcome
 from tools.rebase.bump.commits import _describe, _head, _patch_name, _read, _reset_to
 from tools.rebase.bump.finish import _prefetch_finish
@@ -88,14 +90,14 @@ class ReplayPhase:
 
     def _first_with_recorded_edits(self, head, end):
         """The first patch of ``tip..head`` that merged cleanly to a file a recorded edit of that
-        patch starts from (a test stop's amendment, resolutions.py): (index, commit, parent)."""
+        patch starts from (a test stop's amendment, amended_edits.py): (index, commit, parent)."""
         for sha, _name, k in self._match_replayed(head, end):
             if k is None:
                 return None
             edits = self._edits(k)
-            blobs = rr.paths_of_blobs(self.work, set(edits), tree=sha)
+            blobs = me.paths_of_blobs(self.work, set(edits), tree=sha)
             self._say_out_of_scope(k, blobs, edits)
-            if rr.has_merge_edit(self.work, blobs, edits, self._edit_scope(k)):
+            if me.has_merge_edit(self.work, blobs, edits, self._edit_scope(k)):
                 return k, sha, rev_parse(self.work, f"{sha}^")
         return None
 
@@ -105,7 +107,7 @@ class ReplayPhase:
 
     def _edit_entries(self, name: str) -> dict:
         lender = self._lender()
-        return rr.merge_edits([self.layout.resolutions] + ([lender.resolutions] if lender else []), name)
+        return me.merge_edits([self.layout.resolutions] + ([lender.resolutions] if lender else []), name)
 
     def _edits(self, idx: int) -> dict:
         """``{id: entry folder}`` of the recorded edits of patch ``idx`` (its own folder only)."""
@@ -119,7 +121,7 @@ class ReplayPhase:
         its own line's patch)."""
         name = self.j.names[idx]
         lender = self._lender()
-        return (set(rr.changed_files(self.work, self.j.commits[idx])) | seeded_away_files(self.layout, name)
+        return (set(me.changed_files(self.work, self.j.commits[idx])) | seeded_away_files(self.layout, name)
                 | (files_of_patch(lender.patches, name) if lender else set()))
 
     def _shown(self, path) -> str:
@@ -130,10 +132,10 @@ class ReplayPhase:
             return str(path)
 
     def _say_out_of_scope(self, idx: int, blobs: dict, edits: dict) -> None:
-        for entry, path in rr.out_of_scope(self.work, blobs, edits, self._edit_scope(idx)):
+        for entry, path in me.out_of_scope(self.work, blobs, edits, self._edit_scope(idx)):
             self.log(f"  warning: {self.j.names[idx]}: recorded edit {self._shown(entry)} not applied to "
                      f"{path}: its patch's replay does not change that file"
-                     + (f" (it names {rr.recorded_path(entry)})" if rr.recorded_path(entry) else ""))
+                     + (f" (it names {recorded_path(entry)})" if recorded_path(entry) else ""))
 
     def _lender(self):
         other = self.resolutions_from

@@ -2,7 +2,9 @@
 the patch on purpose (``--drop``) and say which later patches and tests it leaves behind."""
 
 from tools.rebase.analysis import dependents
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
+from tools.rebase.bump import merge_edits as me
+from tools.rebase.bump import amended_edits as ae
 from tools.rebase.bump.commits import _commit_pick, _describe, _marker_files, _patch_name, _recommit, \
     _reset_to, _staged_changes, _tests_of, _unmerged
 from tools.rebase.errors import RebaseError
@@ -77,11 +79,11 @@ class ContinuePhase:
 
     def _export_stop_edits(self, name, new):
         """Record the resolution's edits of files that merged cleanly at the stop, and of files the
-        merge left alone (resolutions.py), keyed by the blob each had before the edit."""
+        merge left alone (merge_edits.py), keyed by the blob each had before the edit."""
         s, work = self.j.stopped, self.work
-        edits = rr.edits_outside_the_merge(work, self.j.tip, new, set(s.merged) | set(s.files))
-        rr.export_merge_edits(work, self.layout.resolutions, name, {**edits, **s.merged}, new)
-        lost = rr.unrecordable_stop_edits(work, self.j.tip, new, s.merged, s.files)
+        edits = me.edits_outside_the_merge(work, self.j.tip, new, set(s.merged) | set(s.files))
+        me.export_merge_edits(work, self.layout.resolutions, name, {**edits, **s.merged}, new)
+        lost = me.unrecordable_stop_edits(work, self.j.tip, new, s.merged, s.files)
         if lost:
             self.log(f"  warning: {name}: the resolution's {', '.join(lost)} cannot be recorded (a file "
                      f"the patch does not add, or a merged file deleted); the next bump will lose it: "
@@ -89,7 +91,7 @@ class ContinuePhase:
 
     def _continue_tests_failed(self):
         """After a test stop: take the amended patch commits (one per patch, as before) and record
-        each amendment in resolutions/ (resolutions.py), so the next bump replays it."""
+        each amendment in resolutions/ (amended_edits.py), so the next bump replays it."""
         j, work = self.j, self.work
         head = git("rev-parse", "HEAD", cwd=work).strip()
         if not is_clean(work):
@@ -99,7 +101,7 @@ class ContinuePhase:
             if len(before) != len(after):
                 raise RebaseError("the work repo must keep one commit per patch while fixing tests")
             for (merged, name, _), (amended, _, _) in zip(before, after):
-                _, skipped = rr.export_amended_edits(work, self.layout.resolutions, name, merged, amended)
+                _, skipped = ae.export_amended_edits(work, self.layout.resolutions, name, merged, amended)
                 if skipped:
                     self.log(f"  warning: {name}: the amendment of {', '.join(skipped)} cannot be recorded "
                              f"(a new file, or one an earlier patch's amendment changed too); the next "

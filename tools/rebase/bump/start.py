@@ -7,7 +7,7 @@ from tools.rebase.analysis.basecompare import downgrade_warnings
 from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
 from tools.rebase.bump.journal_records import Journal
-from tools.rebase.bump import resolutions as rr
+from tools.rebase.bump import rerere_store as rr
 from tools.rebase.bump.commits import _describe, _head, canonical_chain
 from tools.rebase.bump.prepare import _ensure_applied, _refuse_unsaved_work, resolve_spec
 from tools.rebase.errors import RebaseError
@@ -66,6 +66,7 @@ class StartPhase:
                 f"--allow-downgrade; `bump --dry-run` forecasts it without changing anything.")
         for warning in backwards:
             self.log(f"warning: {warning} (--allow-downgrade)")
+        self._check_premise()
         # HEAD stays on the old tip: the first `git rebase` then checks out the new base only once.
         self.log(f"bump: {len(commits)} patches from {old_pin.display} onto {new_pin.display}"
                  + (f" ({loaded} recorded resolutions loaded)" if loaded else ""))

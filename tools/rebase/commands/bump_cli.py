@@ -21,6 +21,9 @@ def register(sub):
     p.add_argument("--drop", action="store_true",
                    help="with --continue: remove the patch the bump stopped at, on purpose "
                         "(a line records it in patches/dropped)")
+    p.add_argument("--take-from", metavar="LINE",
+                   help="with --continue: resolve the stop with line LINE's version of the patch (the "
+                        "stop names the lines whose version applies; `release` is the top-level line)")
     p.add_argument("--no-tests", action="store_true",
                    help="do not re-run the Tests: of patches whose conflicts were resolved")
     p.add_argument("--mirror", metavar="PATH",
@@ -34,6 +37,9 @@ def register(sub):
     p.add_argument("--allow-downgrade", action="store_true",
                    help="with --onto: move onto an older or lower-versioned base (e.g. a line onto an "
                         "older dev commit); refused without it, a dry run only warns")
+    p.add_argument("--allow-broken-premise", action="store_true",
+                   help="with --onto: bump even when the new base breaks the line's premise "
+                        "(lines/NAME/premise.toml) or the reason of a recorded drop; refused without it")
     p.add_argument("--output", help="with --dry-run: write the forecast as Markdown here")
     p.add_argument("--json", help="with --dry-run: write the forecast as JSON here")
     p.set_defaults(func=_cmd_bump)
@@ -55,6 +61,8 @@ def _cmd_bump(args, lay):
 
     if args.drop and not args.cont:
         raise RebaseError("--drop goes with --continue")
+    if args.take_from is not None and (not args.cont or args.drop):
+        raise RebaseError("--take-from goes with --continue (and not with --drop)")
     if args.mirror:
         from tools.rebase.stack.pin import parse_spec
         from tools.rebase.stack.gitsource import use_mirror
@@ -64,6 +72,8 @@ def _cmd_bump(args, lay):
         use_mirror(parse_spec(args.onto)[1], args.mirror)
     if args.allow_downgrade and not args.onto:
         raise RebaseError("--allow-downgrade goes with --onto SPEC")
+    if args.allow_broken_premise and not args.onto:
+        raise RebaseError("--allow-broken-premise goes with --onto SPEC")
     if (args.output or args.json) and not args.dry_run:
         raise RebaseError("--output and --json go with --dry-run")
     lender = _resolutions_lender(args, lay)
@@ -84,10 +94,10 @@ def _cmd_bump(args, lay):
         if args.abort:
             bump_abort(lay)
         elif args.cont:
-            bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
+            bump_continue(lay, drop=args.drop, take_from=args.take_from, run_tests=not args.no_tests)
         else:
             bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender,
-                 allow_downgrade=args.allow_downgrade)
+                 allow_downgrade=args.allow_downgrade, allow_broken_premise=args.allow_broken_premise)
     except Stopped as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -70,8 +70,15 @@ _COMMANDS = {
         "range-diff review report. Stops on a conflict (with its upstream causes) or a post-merge "
         "lint finding for you to resolve, then --continue (or --drop the patch: on a line the drop "
         "is recorded in lines/NAME/patches/dropped, and the line's next bump drops it again); "
-        "--abort restores everything exactly. "
-        "--dry-run forecasts every stop by running the bump in a scratch copy.",
+        "--abort restores everything exactly. At a conflict every other line's version of the same "
+        "patch (same Patch-Name) is tried on the conflicted files, three-way, and a line whose "
+        "version resolves them all is offered: --continue --take-from LINE takes it (recorded like "
+        "a resolution made by hand). "
+        "Before the replay the line's premise (lines/NAME/premise.toml: names the base must define) "
+        "and the upstream commits and names its patches/dropped reasons cite are re-checked on the new "
+        "base; a break refuses the bump unless --allow-broken-premise. "
+        "--dry-run forecasts every stop by running the bump in a scratch copy, and counts the stops "
+        "another line's version would resolve.",
         "upstream.toml, patches/ (and patches/resolutions/), REBASE_REPORT.md/.json, the README's "
         "patch table, .rebase/, and megatron/ while re-running Tests: of resolved patches (put back "
         "as it was when the bump ends; `apply` materializes the new stack); "
@@ -134,6 +141,8 @@ _EXAMPLES = {
     "bump": [("bump --onto pypi:megatron-core==0.19.3 --dry-run", "forecast a bump; prints the outcome line"),
              ("bump --onto pypi:megatron-core==0.19.3", "bump; stops at a conflict for --continue"),
              ("bump --continue", "after resolving the stop in .rebase/work (git add)"),
+             ("bump --line upstream-dev --continue --take-from upstream-main",
+              "resolve the stop with the main line's version of the patch"),
              ("bump --abort", "restore everything as it was before the bump"),
              ("bump --line upstream-dev --onto git:URL@COMMIT --allow-downgrade",
               "move a line onto an older-dated base (refused without the flag)")],

@@ -76,6 +76,9 @@ def render_markdown(data: dict) -> str:
                    f"{pc['deleted']} deleted between the bases; {what}")
     for warning in data.get("warnings", []):
         out.append(f"- **Warning**: {warning}")
+    if counts.get("unreached"):
+        out.append(f"- **Unreached**: {counts['unreached']} patch(es) merged cleanly into code the new base no longer "
+                   f"reaches (no import or reference left; see the review focus): they may do nothing now")
     out += ["", "## Review focus", ""]
     review = data.get("review", [])
     if review:

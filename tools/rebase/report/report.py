@@ -20,6 +20,7 @@ from tools.rebase.analysis.whereabouts import reverse_applies  # noqa: F401 (bum
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
+from tools.rebase.analysis.unreached import flag_unreached
 
 SCHEMA = "fork-rebase-report/1"
 CHURN_DIFF_LINES = 120  # per file, in the sdist churn section
@@ -108,6 +109,8 @@ def build_report(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip
     reason_steps = _reason_steps(repo, rows, upstream, upstream_range, old_base, new_base, new_info)
     sides = (old, new, lines, reason_steps)
     mapping = [_mapping_entry(repo, row, hints, upstream, new_label, tests, sides) for row in rows]
+    if old_base != new_base:  # a clean merge into code the new base no longer reaches is not "renumbered"
+        flag_unreached(repo, mapping, old_tip, new_tip)
     counts = {s: 0 for s in STATUSES}
     for entry in mapping:
         counts[entry["status"]] += 1
