@@ -26,8 +26,10 @@ def resolve_spec(layout, spec: str) -> Pin:
     if local.exists():
         url = str(local.resolve())
     commit = resolve_git_ref(layout.cache, url, b)
-    # An abbreviated id (d98e8a64) is pinned as the full id it resolved to, not kept as a ref.
-    return Pin("git", url=url, commit=commit, ref="" if commit.startswith(b) else b)
+    # An abbreviated id (d98e8a64) is pinned as the full id it resolved to, not kept as a ref. The
+    # tree digest goes with it, so a build without a mirror can check upstream's archive of it.
+    return Pin("git", url=url, commit=commit, ref="" if commit.startswith(b) else b,
+               tree_sha256=git_tree_digest(layout.cache, url, commit))
 
 
 def _base_label(pin: Pin) -> str:
