@@ -31,10 +31,19 @@ def checkout_root(start: Path):
     return None
 
 
+def _editable_root():
+    """The checkout an editable install maps ``megatron_rebase`` onto (this file is then
+    ``<checkout>/tools/rebase/launch.py`` imported as ``megatron_rebase.launch``), else None."""
+    here = Path(__file__).resolve()
+    if __package__ != "tools.rebase" and here.parent.name == "rebase" and here.parent.parent.name == "tools":
+        return here.parents[2]
+    return None
+
+
 def own_root() -> Path:
-    """The folder this copy of the tool is imported from: the checkout (``tools/rebase/``), or
-    site-packages, where it is installed as ``megatron_rebase``."""
-    return Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+    """The folder this copy of the tool is imported from: the checkout (``tools/rebase/``, also
+    under an editable install), or site-packages, where it is installed as ``megatron_rebase``."""
+    return _editable_root() or Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
 
 def is_project_checkout(root: Path) -> bool:
@@ -49,6 +58,7 @@ def is_project_checkout(root: Path) -> bool:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _editable_checkout_on_path()  # before any module that imports ``tools.rebase`` is loaded
     root = checkout_root(Path.cwd().resolve())
     if root is not None and root != own_root() and not os.environ.get(_HANDED_OVER):
         if not is_project_checkout(root):
@@ -60,9 +70,9 @@ def main(argv=None) -> int:
                   f"(the installed one at {own_root()} hands over)", file=sys.stderr)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
             env[_HANDED_OVER] = "1"
-            return subprocess.call([sys.executable, "-m", "tools.rebase", *argv], env=env)
-    if __package__ != "tools.rebase":
-        _editable_checkout_on_path()
+            # -P: the working directory (``.rebase/work`` holds upstream's own ``tools/``, ``tests/``
+            # a ``tools`` test package) is not put on the path; the checkout's tool is found first.
+            return subprocess.call([sys.executable, "-P", "-m", "tools.rebase", *argv], env=env)
     from .cli import main as cli_main
 
     return cli_main(argv)
@@ -72,7 +82,6 @@ def _editable_checkout_on_path() -> None:
     """An editable install maps ``megatron_rebase`` onto a checkout's ``tools/rebase``, whose modules
     import ``tools.rebase``: put that checkout on the path (a built wheel renames the imports, and
     its files are not inside a ``tools/rebase`` folder, so this does nothing there)."""
-    here = Path(__file__).resolve()
-    root = here.parents[2]
-    if here.parent == root / "tools" / "rebase" and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    root = _editable_root()
+    if root is not None and (not sys.path or sys.path[0] != str(root)):
+        sys.path.insert(0, str(root))  # first: a ``tools`` package elsewhere on the path never wins

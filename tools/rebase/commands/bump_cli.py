@@ -22,7 +22,10 @@ def register(sub):
                    help="with --continue: remove the patch the bump stopped at, on purpose "
                         "(a line records it in patches/dropped)")
     p.add_argument("--no-tests", action="store_true",
-                   help="do not re-run the Tests: of patches whose conflicts were resolved")
+                   help="do not run the patches' Tests: on the bumped stack (kept for every --continue)")
+    p.add_argument("--jobs", type=int, metavar="J",
+                   help="run the finishing gate's tests in J pytest processes at once (kept for every "
+                        "--continue; default 1)")
     p.add_argument("--mirror", metavar="PATH",
                    help="with --onto git:URL@ref: fetch URL's objects from this local repository; the pin "
                         "still records URL")
@@ -64,6 +67,8 @@ def _cmd_bump(args, lay):
         use_mirror(parse_spec(args.onto)[1], args.mirror)
     if args.allow_downgrade and not args.onto:
         raise RebaseError("--allow-downgrade goes with --onto SPEC")
+    if args.jobs is not None and (args.jobs < 1 or args.abort or args.dry_run):
+        raise RebaseError("--jobs takes a count >= 1 and goes with --onto or --continue (not --dry-run)")
     if (args.output or args.json) and not args.dry_run:
         raise RebaseError("--output and --json go with --dry-run")
     lender = _resolutions_lender(args, lay)
@@ -84,10 +89,10 @@ def _cmd_bump(args, lay):
         if args.abort:
             bump_abort(lay)
         elif args.cont:
-            bump_continue(lay, drop=args.drop, run_tests=not args.no_tests)
+            bump_continue(lay, drop=args.drop, run_tests=not args.no_tests, jobs=args.jobs)
         else:
             bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender,
-                 allow_downgrade=args.allow_downgrade)
+                 allow_downgrade=args.allow_downgrade, jobs=args.jobs)
     except Stopped as exc:
         print(str(exc), file=sys.stderr)
         return 1
