@@ -13,9 +13,10 @@ upstream's (or our) state, not merge damage.
 """
 
 import ast
+import hashlib
 from dataclasses import dataclass
 
-from tools.rebase.analysis.namecheck import ModuleIndex, name_problems
+from tools.rebase.analysis.namecheck import ModuleIndex, broken_imports, undefined_names
 from tools.rebase.git.gitcmd import cat_objects, git
 
 # Decorators that legitimately redefine a name (property accessors, overloads, dispatch).
@@ -85,18 +86,40 @@ def _body_findings(path, body, scope, in_class, out):
             _body_findings(path, stmt.body, f"class {stmt.name}", True, out)
 
 
-def lint_source(path: str, text: str, index=None) -> list:
+def lint_source(path: str, text: str, index=None, imports_only=False) -> list:
     """All findings in one file's text (not yet filtered against a baseline); ``index`` (a
-    ``namecheck.ModuleIndex`` of the revision the file belongs to) adds the import checks."""
+    ``namecheck.ModuleIndex`` of the revision the file belongs to) adds the import checks, which
+    are all there is with ``imports_only`` (the others depend on the text alone)."""
     try:
         tree = ast.parse(text, filename=path)
     except SyntaxError as exc:
-        return [Finding(path, exc.lineno or 0, "module", exc.msg, "syntax")]
+        return [] if imports_only else [Finding(path, exc.lineno or 0, "module", exc.msg, "syntax")]
     except ValueError as exc:  # e.g. NUL bytes
-        return [Finding(path, 0, "module", str(exc), "syntax")]
-    out = []
-    _body_findings(path, tree.body, "module", False, out)
-    out += [Finding(path, p.line, p.detail or "module", p.name, p.what) for p in name_problems(tree, path, index)]
+        return [] if imports_only else [Finding(path, 0, "module", str(exc), "syntax")]
+    imports = [] if index is None else [Finding(path, p.line, p.detail, p.name, p.what)
+                                        for p in broken_imports(tree, path, index)]
+    if imports_only:
+        return _first_of_each(imports)
+    key = (path, hashlib.sha1(text.encode("utf-8", "replace")).hexdigest())
+    if key not in _TEXT_FINDINGS:  # the same blob comes back for every patch that touches it
+        out = []
+        _body_findings(path, tree.body, "module", False, out)
+        out += [Finding(path, p.line, "module", p.name, p.what) for p in undefined_names(tree, path)]
+        _TEXT_FINDINGS[key] = out
+    return _first_of_each(_TEXT_FINDINGS[key] + imports)
+
+
+_TEXT_FINDINGS = {}  # (path, sha1 of the text) -> findings that depend on the text alone
+
+
+def _first_of_each(findings: list) -> list:
+    """One finding per kind and name (pyflakes reports every use of an undefined name); the
+    duplicate and syntax findings, which name their own lines, all stay."""
+    seen, out = set(), []
+    for f in sorted(findings, key=lambda f: f.line):
+        if f.what in ("syntax", "duplicate") or f.key not in seen:
+            seen.add(f.key)
+            out.append(f)
     return out
 
 
@@ -126,13 +149,13 @@ def python_files_changed(repo, parent: str, commit: str) -> list:
     return [p for p in out.split() if p.endswith(".py")]
 
 
-def _new_findings(repo, path: str, text: str, baselines, rev: str, indexes=None) -> list:
+def _new_findings(repo, path: str, text: str, baselines, rev: str, indexes=None, imports_only=False) -> list:
     """Findings in ``text`` (``path`` at revision ``rev``) not present in the baselines' version of
     ``path``, each checked against its own revision's tree (read only when needed)."""
     indexes = indexes if indexes is not None else {}
     for r in (rev, *baselines):
         indexes.setdefault(r, ModuleIndex(repo, r))
-    found = lint_source(path, text, indexes[rev])
+    found = lint_source(path, text, indexes[rev], imports_only)
     if not found or not baselines:
         return found
     blobs = read_blobs(repo, [f"{b}:{path}" for b in baselines])
@@ -140,7 +163,7 @@ def _new_findings(repo, path: str, text: str, baselines, rev: str, indexes=None)
     for b in baselines:
         ref_text = blobs.get(f"{b}:{path}")
         if ref_text is not None:
-            known |= {f.key for f in lint_source(path, ref_text, indexes[b])}
+            known |= {f.key for f in lint_source(path, ref_text, indexes[b], imports_only)}
     return [f for f in found if f.key not in known]
 
 
@@ -178,19 +201,21 @@ def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
                 ids[f"{c.commit}:{path}"] = fields[3]  # the merged file's blob id
         steps.append((c.commit, paths))
     # A merged file identical to a reference version (the patch's old result, or upstream's file)
-    # cannot hold a new finding: only the others are read and parsed.
+    # cannot hold a new finding of its own text: only its imports, which resolve against another
+    # tree now, are checked again.
     refs = {c: tuple(baselines_of(c)) for c, _ in steps}
     ids.update(blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in refs[c]]))
-    todo = [f"{c}:{p}" for c, paths in steps for p in paths
-            if ids[f"{c}:{p}"] and ids[f"{c}:{p}"] not in {ids[f"{rev}:{p}"] for rev in refs[c]}]
-    blobs = read_blobs(repo, todo)
+    same = {f"{c}:{p}" for c, paths in steps for p in paths
+            if ids[f"{c}:{p}"] in {ids[f"{rev}:{p}"] for rev in refs[c]}}
+    blobs = read_blobs(repo, [f"{c}:{p}" for c, paths in steps for p in paths if ids[f"{c}:{p}"]])
     parent, indexes = base, {}
     for commit, paths in steps:
         found = []
         for p in paths:
             text = blobs.get(f"{commit}:{p}")
             if text is not None:
-                found += _new_findings(repo, p, text, baselines_of(commit), commit, indexes)
+                found += _new_findings(repo, p, text, baselines_of(commit), commit, indexes,
+                                       imports_only=f"{commit}:{p}" in same)
         if found:
             return commit, parent, found
         parent = commit

@@ -70,6 +70,9 @@ def _ours(module: str | None) -> bool:
     return bool(module) and (module == PACKAGE or module.startswith(PACKAGE + "."))
 
 
+_NAMES_OF_BLOB = {}  # blob id -> top_level_names of its source
+
+
 class ModuleIndex:
     """What the tree of one revision defines, read from git (never imported): per module its
     top-level names, or None where any name may exist (``__getattr__``, ``import *``)."""
@@ -96,11 +99,13 @@ class ModuleIndex:
                     continue
                 kind, data = got[1], got[2]
                 if kind == "blob" and spec.endswith(".py") and source is None:
-                    source = data.decode("utf-8", "replace")
+                    source, oid = data.decode("utf-8", "replace"), got[0]
                 elif kind == "tree":
                     package = True
             if source is not None:
-                self._names[module] = top_level_names(source)
+                if oid not in _NAMES_OF_BLOB:  # most modules are the same blob at every revision
+                    _NAMES_OF_BLOB[oid] = top_level_names(source)
+                self._names[module] = _NAMES_OF_BLOB[oid]
             elif package:  # a namespace package: its submodules are its names
                 self._names[module] = None
             else:
@@ -167,26 +172,48 @@ def top_level_names(source: str):
     return names
 
 
-def _imports(tree, path: str):
-    """``(from_imports, module_aliases)``: ``[(line, module, name)]`` of ``from megatron... import
-    name`` and ``{alias: module}`` of ``import megatron.x as alias``, anywhere in the file."""
-    froms, aliases = [], {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
+_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _catches_import_errors(node) -> bool:
+    for handler in node.handlers:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        if any(k is None or getattr(k, "id", getattr(k, "attr", "")) in _GUARDS for k in kinds):
+            return True
+    return False
+
+
+def _collect(tree, path: str):
+    """One pass over the file: ``from megatron... import`` entries ``(line, module, name, bound)``,
+    ``{alias: module}`` of ``import megatron.x as alias``, and calls ``(line, alias, attr)`` of
+    ``alias.attr(...)``. Imports inside a ``try`` that catches a failed import are allowed to
+    fail (an optional name, or one of another base) and left out."""
+    froms, aliases, calls = [], {}, []
+    stack = [(tree, False)]
+    while stack:
+        node, guarded = stack.pop()
+        if isinstance(node, ast.ImportFrom) and not guarded:
             module = _absolute(path, node.level, node.module)
             if _ours(module):
                 froms += [(node.lineno, module, a.name, a.asname or a.name) for a in node.names if a.name != "*"]
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if _ours(a.name) and a.asname:
-                    aliases[a.asname] = a.name
-    return froms, aliases
+        elif isinstance(node, ast.Import) and not guarded:
+            aliases.update({a.asname: a.name for a in node.names if _ours(a.name) and a.asname})
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name)):
+            calls.append((node.lineno, node.func.value.id, node.func.attr))
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            inner = guarded or _catches_import_errors(node)
+            stack += [(stmt, inner) for stmt in node.body]
+            stack += [(child, guarded) for part in (node.handlers, node.orelse, node.finalbody) for child in part]
+            continue
+        stack += [(child, guarded) for child in ast.iter_child_nodes(node)]
+    return froms, aliases, calls
 
 
 def broken_imports(tree, path: str, index: ModuleIndex) -> list:
     """Imports of names the base (``index``'s revision) does not define, and calls
     ``alias.func(...)`` of a module function it does not define."""
-    froms, aliases = _imports(tree, path)
+    froms, aliases, calls = _collect(tree, path)
     index.load({m for _, m, _, _ in froms} | {f"{m}.{n}" for _, m, n, _ in froms} | set(aliases.values()))
     out = []
     for line, module, name, bound in froms:
@@ -197,23 +224,9 @@ def broken_imports(tree, path: str, index: ModuleIndex) -> list:
                 aliases.setdefault(bound, f"{module}.{name}")  # a submodule: its calls are checked too
         else:
             out.append(NameProblem(line, name, "import-missing", module))
-    index.load(set(aliases.values()))
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases):
-            module = aliases[node.func.value.id]
-            if index.exists(module) and not index.has(module, node.func.attr):
-                out.append(NameProblem(node.lineno, node.func.attr, "call-missing", module))
-    return out
-
-
-def name_problems(tree, path: str, index=None) -> list:
-    """Undefined names, and (with ``index``: the tree of the revision checked) imports and module
-    calls the base no longer defines; each kind and name reported once, at its first line."""
-    found = undefined_names(tree, path) + (broken_imports(tree, path, index) if index is not None else [])
-    seen, out = set(), []
-    for p in sorted(found, key=lambda p: p.line):
-        if (p.what, p.name, p.detail) not in seen:
-            seen.add((p.what, p.name, p.detail))
-            out.append(p)
+    calls = [(line, aliases[alias], attr) for line, alias, attr in calls if alias in aliases]
+    index.load(set(aliases.values()) | {f"{module}.{attr}" for _, module, attr in calls})
+    for line, module, attr in calls:
+        if index.exists(module) and not index.has(module, attr):
+            out.append(NameProblem(line, attr, "call-missing", module))
     return out
