@@ -94,5 +94,5 @@ def test_prove_gives_one_verdict_under_no_plain_and_editable_installs(toy, tmp_p
 
     verdicts = {name: _prove(python, toy) for name, python in
                 (("none", bare), ("plain", plain), ("editable", editable))}
-    expected = (0, "prove: 0001 cpu-harness: proven (1/1 failed without it)")
+    expected = (0, "prove: 0001 cpu-harness: proven (1/1 failed without it, 0 with it)")
     assert verdicts == {"none": expected, "plain": expected, "editable": expected}, verdicts
