@@ -57,7 +57,7 @@ def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch
     with pytest.raises(Stopped):
         bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=fitted_runner(fork))
     resolve_conflict(fork.work, B, "beta line 5 upstream and fork")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=fitted_runner(fork))
     amend_first_patch(fork)
     bump_continue(fork.layout, log=quiet, test_runner=fitted_runner(fork))

@@ -89,6 +89,23 @@ def _split(outcome: str) -> tuple:
     return outcome, ""
 
 
+def run_gate_tests(layout, tree: str, pin_text: str, tests: dict, jobs: int, log) -> dict:
+    """``{patch: {node id: outcome}}`` of ``tests`` (``{patch: [node ids]}``) against the
+    checkout's ``megatron/`` (the stack whose tree is ``tree``): results cached for that tree
+    first, the rest in ``jobs`` pytest processes, each test file in one of them."""
+    cache = TestResults(layout, tree, pin_text)
+    wanted = list(dict.fromkeys(t for ids in tests.values() for t in ids))
+    found = {n: (o if o != "failed" or not m else f"failed: {m}") for n, (o, m) in cache.get(wanted).items()}
+    todo = [t for t in wanted if t not in found]
+    if found:
+        log(f"  tests: {len(found)} of {len(wanted)} result(s) of this stack reused")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for part in pool.map(lambda ids: pytest_runner(layout, "", ids), chunks(todo, jobs) if todo else []):
+            found.update(part)
+    cache.put({n: _split(o) for n, o in found.items()})
+    return {name: {t: found.get(t, "not found") for t in ids} for name, ids in tests.items()}
+
+
 class _Root:
     def __init__(self, root):
         self.root = Path(root)
@@ -164,17 +181,7 @@ class ResolvedTests:
                 done = pool.map(lambda item: (item[0], self.test_runner(self.layout, *item)), tests.items())
                 return dict(done)
         tree = git("rev-parse", f"{self.j.tip}^{{tree}}", cwd=self.work).strip()
-        cache = TestResults(self.layout, tree, self.j.new_pin)
-        wanted = list(dict.fromkeys(t for ids in tests.values() for t in ids))
-        found = {n: (o if o != "failed" or not m else f"failed: {m}") for n, (o, m) in cache.get(wanted).items()}
-        todo = [t for t in wanted if t not in found]
-        if found:
-            self.log(f"  tests: {len(found)} of {len(wanted)} result(s) of this stack reused")
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for part in pool.map(lambda ids: pytest_runner(self.layout, "", ids), chunks(todo, jobs) if todo else []):
-                found.update(part)
-        cache.put({n: _split(o) for n, o in found.items()})
-        return {name: {t: found.get(t, "not found") for t in ids} for name, ids in tests.items()}
+        return run_gate_tests(self.layout, tree, self.j.new_pin, tests, jobs, self.log)
 
     def _failure_report(self, results: dict, failures: list) -> str:
         """The stop message: each failing test, upstream's fault (named) or the stack's."""

@@ -68,6 +68,12 @@ class TestResults:
     def get(self, nodes) -> dict:
         return {n: tuple(self._entries[self._key(n)]) for n in nodes if self._key(n) in self._entries}
 
+    def forget(self, nodes) -> None:
+        """Drop the results of ``nodes`` for this stack (a benchmark's cold run)."""
+        keys = {self._key(n) for n in nodes}
+        self._entries = {k: v for k, v in self._entries.items() if k not in keys}
+        self._write()
+
     def put(self, results: dict) -> None:
         kept = {self._key(n): [o, m] for n, (o, m) in results.items()
                 if o in ("passed", "skipped") or o.startswith("failed")}
@@ -76,7 +82,9 @@ class TestResults:
         for key in kept:
             self._entries.pop(key, None)  # re-inserted last: the newest
         self._entries.update(kept)
-        entries = dict(list(self._entries.items())[-KEEP:])
-        self._entries = entries
+        self._entries = dict(list(self._entries.items())[-KEEP:])
+        self._write()
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(self.path.parent, self.path, json.dumps(entries, sort_keys=False) + "\n")
+        write_file(self.path.parent, self.path, json.dumps(self._entries, sort_keys=False) + "\n")
