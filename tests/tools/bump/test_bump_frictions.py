@@ -162,3 +162,22 @@ def test_undoing_a_finished_bump_forgets_its_record(tmp_path, cache):
     write_report(data, fork.layout.report_md, fork.layout.report_json)
     assert fork.layout.report_md.read_bytes() == committed_md, "report rewrote the report as the undone bump"
     assert not (jr.last_bump_dir(fork.layout) / "record.json").exists()
+
+
+def test_the_mirror_is_kept_for_continue(tmp_path, cache, monkeypatch):
+    from tools.rebase.stack import source
+
+    fork = make_fork(tmp_path)
+    fork.stack(TWO_PATCH_STACK)
+    _alpha_conflict(fork)
+    mirror = tmp_path / "mirror"
+    sh("git", "clone", "-q", "--mirror", str(fork.upstream), str(mirror), cwd=tmp_path)
+    monkeypatch.setattr(source, "MIRRORS", {})
+    source.use_mirror(str(fork.upstream), mirror)
+    with pytest.raises(Stopped):
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=Runner())
+    assert jr.load(fork.layout).mirror == str(mirror.resolve())
+    source.MIRRORS.clear()  # a new process: `bump --continue` takes no --mirror
+    resolve_conflict(fork.work, A, "alpha line 10 upstream fork")
+    bump_continue(fork.layout, log=quiet, test_runner=Runner())
+    assert source.MIRRORS == {str(fork.upstream): str(mirror.resolve())}

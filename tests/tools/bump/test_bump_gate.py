@@ -41,9 +41,10 @@ def fork(tmp_path, monkeypatch):
 
 
 def test_a_clean_bump_onto_a_broken_base_stops_and_names_the_upstream_commit(fork):
-    # upstream renames Helper and forgets gamma.py: the new base itself no longer imports gamma;
-    # both patches merge cleanly (no conflict, no lint finding in the files they touch... but the
-    # lint of gamma.py finds the import: it is upstream's own file, on the base too, so it is not new)
+    # upstream renames Helper and forgets gamma.py: the new base itself no longer imports gamma.
+    # Both patches merge cleanly; the lint's finding in gamma.py (an import of a name beta.py no
+    # longer defines) is upstream's own, on the pristine base too, so it does not stop the bump:
+    # the tests do.
     rename = fork.upstream_commit({BETA: replace_line("class Helper:", "class Assistant:")},
                                   "upstream: rename Helper to Assistant", tag="v2")
     with pytest.raises(Stopped) as stop:

@@ -62,7 +62,10 @@ def _isolate(root):
             self.hook = hook
 
         def find_spec(self, fullname, path=None, target=None):
-            spec = self.hook.find_spec(fullname, path, target)
+            try:
+                spec = self.hook.find_spec(fullname, path, target)
+            except TypeError:  # a hook written without the optional target argument
+                spec = self.hook.find_spec(fullname, path)
             if fullname.split(".")[0] in names and elsewhere(spec):
                 return None
             return spec
