@@ -12,13 +12,24 @@ of it. What it does about the data a pull request can commit next to it: setupto
 private temporary folder (a committed ``build/`` or ``*.egg-info`` is never read), a ``setup.cfg``
 or ``MANIFEST.in`` (setuptools would read options, data files or an sdist's file list from them;
 the fork has neither) is refused, and the apply runs isolated (``python -I``: nothing importable
-from the checkout, such as a ``sitecustomize.py``, runs at interpreter start).
+from the checkout, such as a ``sitecustomize.py``, runs at interpreter start). ``README.md`` is read
+only as a plain file (a committed link would put an outside file into the wheel's METADATA), no
+license file is collected (setuptools would copy a ``LICENSE``/``COPYING``/``NOTICE``/``AUTHORS``
+link's target into the wheel), and the version is the tool's stamp alone: the last two lines of
+``package_info.py``, its mark and one PEP 440 version, never another ``__version__`` line.
+
+``MEGATRON_FORK_LINE=NAME`` builds the line in ``lines/NAME/`` instead of the release line:
+``FORK_REBASE_MIRROR=PATH`` names a local clone of upstream to take the pinned commit from (no
+network); without it the pinned commit comes from the tool's cache or, once, from upstream's
+archive of that commit, checked against the tree digest the line's ``upstream.toml`` records. The
+version then names the line (``0.19.0+rl.dev.40.<digest>``).
 """
 
 import atexit
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,7 +39,13 @@ from setuptools import find_namespace_packages, find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-STAMP = re.compile(r"^__version__ = '([^']+)'$", re.M)
+# The tool's stamp (tools/rebase/stack/materialize.py): its mark, then one line in fixed quoting.
+STAMP_MARK = "# --- stamped by tools.rebase when the fork was materialized ---"
+STAMP = re.compile(r"^__version__ = '([0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
+                   r"(?:\.dev[0-9]+)?\+[a-z0-9]+(?:\.[a-z0-9]+)*)'$")
+LINE_ENV, MIRROR_ENV = "MEGATRON_FORK_LINE", "FORK_REBASE_MIRROR"
+LINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+README_LIMIT = 1 << 20  # bytes: the long description; the fork's README is about 12 kB
 
 
 # Files setuptools reads from the source folder on its own: build options, data files to install
@@ -76,26 +93,74 @@ def materialize() -> None:
     if os.environ.get("MEGATRON_FORK_SKIP_APPLY") == "1" and (ROOT / "megatron").is_dir():
         return
     cache = os.environ.get("FORK_REBASE_CACHE", str(ROOT / ".rebase" / "cache"))
+    args = ["apply", *line_arguments()]
+    line = os.environ.get(LINE_ENV, "")
+    home = ROOT / "lines" / line if line else ROOT
+    source = (f"the pinned upstream commit is read from {os.environ[MIRROR_ENV]}" if os.environ.get(MIRROR_ENV)
+              else f"the pinned upstream commit's archive is downloaded once into {cache}" if line
+              else f"the upstream sdist (about 2 MB) is downloaded once into {cache}")
     # pip hides a build backend's output unless it fails, so this line is for `pip install -v`
     # and for build tools that show it (python -m build does).
     print(
-        f"megatron-core RL fork: materializing megatron/ = upstream pin ({ROOT / 'upstream.toml'}) "
-        f"+ patches/; the upstream sdist (about 2 MB) is downloaded once into {cache} "
+        f"megatron-core RL fork: materializing megatron/ = upstream pin ({home / 'upstream.toml'}) "
+        f"+ patches/ of the {line or 'release'} line; {source} "
         f"(set FORK_REBASE_CACHE to share or pre-seed it)",
         file=sys.stderr,
         flush=True,
     )
-    proc = subprocess.run([sys.executable, "-I", "-c", APPLY, str(ROOT), "-C", str(ROOT), "apply"], cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-I", "-c", APPLY, str(ROOT), "-C", str(ROOT), *args], cwd=ROOT)
     if proc.returncode != 0:
-        sys.exit(f"materializing the patched tree failed (python -m tools.rebase apply exited {proc.returncode})")
+        sys.exit(f"materializing the patched tree failed (python -m tools.rebase {' '.join(args)} exited "
+                 f"{proc.returncode})")
+
+
+def line_arguments() -> list:
+    """The apply's arguments for ``MEGATRON_FORK_LINE`` (none for the release line): the line, and
+    where its pinned commit comes from (``FORK_REBASE_MIRROR``, else the cache or the archive)."""
+    line = os.environ.get(LINE_ENV, "")
+    if not line:
+        return []
+    if not LINE_NAME.match(line) or not (ROOT / "lines" / line / "upstream.toml").is_file():
+        known = sorted(p.name for p in (ROOT / "lines").glob("*") if (p / "upstream.toml").is_file())
+        sys.exit(f"{LINE_ENV}={line!r}: no such line in {ROOT / 'lines'} (lines: {', '.join(known) or 'none'}; "
+                 f"leave it unset for the release line)")
+    mirror = os.environ.get(MIRROR_ENV, "")
+    if mirror and not os.path.isabs(mirror):  # pip runs this in the source folder, not where it was typed
+        sys.exit(f"{MIRROR_ENV}={mirror!r}: give the clone's absolute path")
+    return ["--line", line, *(["--mirror", mirror] if mirror else ["--from-archive"])]
 
 
 def fork_version() -> str:
-    info = (ROOT / "megatron" / "core" / "package_info.py").read_text()
-    stamps = STAMP.findall(info)
-    if not stamps:
-        sys.exit("megatron/core/package_info.py carries no fork version stamp; run python -m tools.rebase apply")
-    return stamps[-1]
+    """The tool's stamp: the file's last two lines are its mark and the version, in fixed quoting.
+    Any other ``__version__`` line (upstream's, or one a patch adds) is never taken."""
+    info = read_plain_file(ROOT / "megatron" / "core" / "package_info.py", limit=README_LIMIT)
+    tail = info.rstrip("\n").split("\n")[-2:]
+    stamp = STAMP.match(tail[-1]) if len(tail) == 2 and tail[0] == STAMP_MARK else None
+    if not stamp:
+        sys.exit("megatron/core/package_info.py does not end in the fork's version stamp (its mark, then "
+                 "__version__ = '<PEP 440 version>+<label>'); run python -m tools.rebase apply")
+    return stamp[1]
+
+
+def read_plain_file(path: Path, limit: int) -> str:
+    """A regular file's text, never through a link (a committed link would put an outside file in
+    the wheel), nor a FIFO or device; at most ``limit`` bytes, UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        sys.exit(f"{path}: cannot be read as a plain file ({exc.strerror}; a symlink is refused: "
+                 f"the build reads only the checkout's own files)")
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            sys.exit(f"{path}: not a regular file; the build reads only plain files")
+        if info.st_size > limit:
+            sys.exit(f"{path}: {info.st_size} bytes, over the build's limit of {limit}")
+        data = fh.read(limit + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        sys.exit(f"{path}: not UTF-8 ({exc})")
 
 
 # The tool is ``tools/rebase`` in the checkout (``python -m tools.rebase``) and ``megatron_rebase``
@@ -119,6 +184,15 @@ class BuildPy(build_py):
         return outfile, copied
 
 
+def long_description() -> str:
+    """README.md as the wheel's description: a plain file of the checkout (never a link's target);
+    an unpacked sdist carries its description in PKG-INFO and may lack README.md."""
+    readme = ROOT / "README.md"
+    if building_from_sdist() and not os.path.lexists(readme):
+        return ""
+    return read_plain_file(readme, limit=README_LIMIT)
+
+
 refuse_setuptools_inputs()
 materialize()
 
@@ -127,9 +201,12 @@ setup(
     name="megatron-core",
     version=fork_version(),
     description="Megatron-core with a maintained RL patch series (MTP, mHC, R3 routing replay)",
-    long_description=(ROOT / "README.md").read_text(),
+    long_description=long_description(),
     long_description_content_type="text/markdown",
     license="BSD-3-Clause AND Apache-2.0",
+    # No license file is collected: setuptools' default patterns would copy a committed link's
+    # target (LICENSE -> an outside file) into the wheel.
+    license_files=[],
     python_requires=">=3.11",
     packages=find_namespace_packages(
         include=["megatron.core", "megatron.core.*", "megatron.training", "megatron.training.*"]

@@ -32,7 +32,8 @@ from tools.rebase.git.gitcmd import hermetic_env  # noqa: E402
 from tools.rebase.git.paths import Layout  # noqa: E402
 from tools.rebase.stack.pin import Pin  # noqa: E402
 from tools.rebase.report.report import write_report  # noqa: E402
-from tools.rebase.stack.source import download_sdist, import_base, sha256_file, use_mirror  # noqa: E402
+from tools.rebase.stack.gitsource import use_mirror  # noqa: E402
+from tools.rebase.stack.source import download_sdist, import_base, sha256_file  # noqa: E402
 from tools.rebase.stack.workrepo import apply, export  # noqa: E402
 
 OLD, NEW = "0.19.0", "0.19.2"

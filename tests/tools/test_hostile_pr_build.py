@@ -31,9 +31,9 @@ def buildable_fork(tmp_path):
     return fork
 
 
-def pip_wheel(checkout: Path, tmp_path: Path):
+def pip_wheel(checkout: Path, tmp_path: Path, env=None):
     out = tmp_path / "wheels"
-    env = tool_env({"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, cache=tmp_path / "cache")
+    env = tool_env({"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})}, cache=tmp_path / "cache")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                            "-w", str(out), str(checkout)], cwd=tmp_path, env=env, capture_output=True, text=True)
     return proc, sorted(out.glob("*.whl"))

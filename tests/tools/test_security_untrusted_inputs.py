@@ -93,15 +93,15 @@ def test_onto_spec_fields_that_git_or_pip_would_misread_are_refused(fork, tmp_pa
 
 def test_fetch_ends_options_even_if_validation_is_bypassed(fork, tmp_path, monkeypatch):
     """Second layer: the URL reaches git after ``--``, so it is never an option."""
-    from tools.rebase.stack import source
+    from tools.rebase.stack import gitsource
 
-    monkeypatch.setattr(source.names, "git_url", lambda value, *a, **k: value)
+    monkeypatch.setattr(gitsource.names, "git_url", lambda value, *a, **k: value)
     marker = tmp_path / "MARKER"
     with pytest.raises(RebaseError, match="could not fetch"):
-        source.resolve_git_ref(tmp_path / "cache", _injection_url(marker, fork.upstream), "main")
+        gitsource.resolve_git_ref(tmp_path / "cache", _injection_url(marker, fork.upstream), "main")
     with pytest.raises(RebaseError, match="could not fetch"):
-        source.fetch_git_commit(_new_repo(tmp_path), tmp_path / "cache",
-                                _injection_url(marker, fork.upstream), "0" * 40)
+        gitsource.fetch_git_commit(_new_repo(tmp_path), tmp_path / "cache",
+                                   _injection_url(marker, fork.upstream), "0" * 40)
     assert not marker.exists()
 
 
@@ -462,7 +462,7 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
     """A pin may name a local repository, but only the pinned commit's history is copied in:
     the outside object store is never linked (git alternates), so nothing else in it becomes
     readable. Borrowing is for a ``--mirror`` the maintainer names on the command line."""
-    from tools.rebase.stack import source
+    from tools.rebase.stack import gitsource
 
     outside = _git("hash-object", "-w", "--stdin", cwd=fork.upstream, input="not in the pin\n").stdout.strip()
     apply(fork.layout, log=quiet)
@@ -473,10 +473,10 @@ def test_a_pin_path_copies_the_pinned_history_but_never_borrows_the_outside_obje
         assert _git("--git-dir", repo, "cat-file", "-e", outside, cwd=tmp_path).returncode != 0, repo
 
     url = "https://example.invalid/upstream.git"
-    monkeypatch.setattr(source, "MIRRORS", {})
-    source.use_mirror(url, fork.upstream)
-    source.resolve_git_ref(tmp_path / "cache", url, "v1")
-    with source._git_cache(tmp_path / "cache", url) as mirror:
+    monkeypatch.setattr(gitsource, "MIRRORS", {})
+    gitsource.use_mirror(url, fork.upstream)
+    gitsource.resolve_git_ref(tmp_path / "cache", url, "v1")
+    with gitsource._git_cache(tmp_path / "cache", url) as mirror:
         assert _git("--git-dir", mirror, "cat-file", "-e", outside, cwd=tmp_path).returncode == 0
 
 

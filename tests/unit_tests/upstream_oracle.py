@@ -41,7 +41,8 @@ def extract_pristine(dest: Path) -> Path:
             raise ValueError(f"FORK_PRISTINE_TREE={given}: no megatron/core/__init__.py under it")
         return Path(given)
     from tools.rebase.stack.pin import load_pin
-    from tools.rebase.stack.source import _extract_sdist, fetch_git_commit, fetch_verified_sdist
+    from tools.rebase.stack.gitsource import fetch_git_commit
+    from tools.rebase.stack.source import _extract_sdist, fetch_verified_sdist
 
     # The pin of the stack under test: a bump names its new base here while it tests (the
     # checkout's upstream.toml is still the old one, a line's lives in lines/NAME/).

@@ -6,6 +6,7 @@ import sys
 import time
 
 from tools.rebase.commands.bump_cli import register as register_bump_and_report
+from tools.rebase.commands.publish_cli import register as register_publish
 from tools.rebase.errors import RebaseError
 from tools.rebase.commands.helptext import add_command
 from tools.rebase.git.paths import layout as find_layout
@@ -18,7 +19,7 @@ def _use_pin_mirror(args, lay) -> None:
     if not getattr(args, "mirror", None):
         return
     from tools.rebase.stack.pin import load_pin
-    from tools.rebase.stack.source import use_mirror
+    from tools.rebase.stack.gitsource import use_mirror
 
     pin = load_pin(lay.pin)
     if pin.kind != "git":
@@ -36,7 +37,7 @@ def _cmd_apply(args, lay):
     from tools.rebase.stack.workrepo import apply
 
     _use_pin_mirror(args, lay)
-    apply(lay, force=args.force)
+    apply(lay, force=args.force, from_archive=args.from_archive)
     return 0
 
 
@@ -67,6 +68,14 @@ def _cmd_check(args, lay):
         _use_pin_mirror(args, lay)
         with locked(lay, "check", wait=APPLY_LOCK_WAIT):  # it imports the base and builds in the work repo
             problems = check(lay, strict_records=args.strict_records)
+    if args.published:
+        from tools.rebase.commands.publish_cli import published_problems
+
+        problems = [*problems, *published_problems(lay, args.published)]
+    if args.strict_records:  # the release check reads the report pair too (report/ sits above proof/)
+        from tools.rebase.report.records import report_record_problems
+
+        problems = [*problems, *report_record_problems(lay)]
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
     if problems:
@@ -203,6 +212,9 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "apply", help="build the work repo (base + one commit per patch) and megatron/")
     p.add_argument("--force", action="store_true", help="discard unexported work-repo edits and local edits in megatron/")
+    p.add_argument("--from-archive", action="store_true",
+                   help="a git pin's commit that no mirror or cache holds: take upstream's archive of it, "
+                        "checked against the pin's tree_sha256, instead of fetching its history")
     _add_mirror(p)
     p.set_defaults(func=_cmd_apply)
     p = add_command(sub, "export", help="regenerate patches/ from the work repo's commits")
@@ -224,6 +236,8 @@ def build_parser():
     p.add_argument("--strict-records", action="store_true",
                    help="fail when patches/proof.json (verdicts or mutant scores) is for another stack "
                         "(the maintainer's check at release or bump time); without it that is a STALE notice")
+    p.add_argument("--published", metavar="BRANCH",
+                   help="also verify BRANCH is the line as publish writes it (upstream's commit, then the patches)")
     _add_mirror(p)
     p.set_defaults(func=_cmd_check)
     p = add_command(sub, "list", help="print the patch table (Markdown)")
@@ -251,6 +265,7 @@ def build_parser():
     p = add_command(sub, "seed", help="make a line's series, patches and pin the release line's (keeping its own)")
     p.set_defaults(func=_cmd_seed)
     register_bump_and_report(sub)  # they live in bump_cli.py
+    register_publish(sub, _add_mirror, _use_pin_mirror)
     return parser
 
 

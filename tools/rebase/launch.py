@@ -9,6 +9,13 @@ Handing over runs the checkout's code, so it happens only for a git checkout of 
 root commit is this project's, ``PROJECT_ROOT_COMMIT``), and the launcher says which copy runs. A
 downloaded folder that merely holds ``upstream.toml`` and ``tools/rebase/cli.py`` is treated as
 data: the installed copy runs on it.
+
+A folder inside a ``.rebase/`` (the work repo ``.rebase/work``, which holds the upstream base's
+tree, a bump's backup) is never a checkout: the search walks past it to the checkout around it,
+and the handed-over run starts with ``python -P``, so the folder it was started in is not put
+first on the path (``-m`` would import a ``tools/`` there). A copy of the tool that finds itself
+loaded from inside a ``.rebase/`` (``python -m tools.rebase`` run in a work tree that holds one)
+refuses to run.
 """
 
 import os
@@ -18,6 +25,7 @@ from pathlib import Path
 
 _HANDED_OVER = "MEGATRON_REBASE_IN_CHECKOUT"
 _PIN_FILE = "upstream.toml"
+_STATE_DIR = ".rebase"
 # The first commit of this project's history; a checkout of the project (any branch, any fork of it)
 # has it as its root commit.
 PROJECT_ROOT_COMMIT = "1427901c8608f1c19152dc5d8f2f86e546845e97"
@@ -26,6 +34,8 @@ PROJECT_ROOT_COMMIT = "1427901c8608f1c19152dc5d8f2f86e546845e97"
 def checkout_root(start: Path):
     """The nearest directory at or above ``start`` that holds the pin, patches/ and the tool."""
     for candidate in (start, *start.parents):
+        if _STATE_DIR in candidate.parts:
+            continue  # the tool's own state (a work tree of the upstream base), never a checkout
         if (candidate / _PIN_FILE).is_file() and (candidate / "tools" / "rebase" / "cli.py").is_file():
             return candidate
     return None
@@ -56,9 +66,25 @@ def is_project_checkout(root: Path) -> bool:
     return proc.returncode == 0 and PROJECT_ROOT_COMMIT in proc.stdout.split()
 
 
+def loaded_from_state_dir() -> bool:
+    """Whether this copy is a ``tools/rebase`` inside the ``.rebase/`` folder of a checkout (one
+    that holds ``upstream.toml``): a work tree's (the upstream base's) copy, never the checkout's
+    own tool."""
+    if __package__ != "tools.rebase":
+        return False
+    root = own_root()
+    return any(p.name == _STATE_DIR and (p.parent / _PIN_FILE).is_file() for p in (root, *root.parents))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _editable_checkout_on_path()  # before any module that imports ``tools.rebase`` is loaded
+    if loaded_from_state_dir():
+        print(f"megatron-rebase: refusing to run the copy of the tool at {own_root() / 'tools' / 'rebase'}: it "
+              f"lies inside a {_STATE_DIR}/ folder (a work tree of the upstream base), not in a checkout. Run "
+              f"`python -m tools.rebase` from the checkout's root, or the installed megatron-rebase",
+              file=sys.stderr)
+        return 2
     root = checkout_root(Path.cwd().resolve())
     if root is not None and root != own_root() and not os.environ.get(_HANDED_OVER):
         if not is_project_checkout(root):
@@ -70,8 +96,7 @@ def main(argv=None) -> int:
                   f"(the installed one at {own_root()} hands over)", file=sys.stderr)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
             env[_HANDED_OVER] = "1"
-            # -P: the working directory (``.rebase/work`` holds upstream's own ``tools/``, ``tests/``
-            # a ``tools`` test package) is not put on the path; the checkout's tool is found first.
+            # -P: the folder it was started in (perhaps .rebase/work, holding upstream's tools/) is not on the path
             return subprocess.call([sys.executable, "-P", "-m", "tools.rebase", *argv], env=env)
     from .cli import main as cli_main
 

@@ -180,3 +180,17 @@ def test_seed_then_bump_refreshes_a_line_that_already_has_tool_state(tmp_path, c
     assert f'commit = "{sh("git", "rev-parse", "v2", cwd=fork.upstream).strip()}"' in line.layout.pin.read_text()
     assert any("recorded resolution" in str(m) for m in logged), logged
     assert snapshot_release(fork) == release_before
+
+
+def test_a_git_bump_pins_the_commits_tree_digest(tmp_path, cache):
+    """A bump onto a git commit records its ``tree_sha256`` (issue 58), so the line still builds from
+    upstream's archive without a mirror: the digest is the commit's, computed from its tree."""
+    from tools.rebase.stack.archive import commit_tree_digest
+    from tools.rebase.stack.pin import load_pin
+
+    fork = make_fork(tmp_path)
+    fork.stack(STACK)
+    v2 = fork.upstream_commit({"megatron/core/gamma.py": lambda t: t + "gamma v2\n"}, "upstream v2", tag="v2")
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
+    pin = load_pin(fork.layout.pin)
+    assert pin.commit == v2 and pin.tree_sha256 == commit_tree_digest(fork.upstream, v2)

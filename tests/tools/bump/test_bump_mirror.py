@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.tools.bumpkit import make_fork, replace_line, sh
-from tools.rebase.stack import source
+from tools.rebase.stack import gitsource
 from tools.rebase.proof.listing import BEGIN, END
 from tools.rebase.stack.pin import load_pin
 
@@ -18,12 +18,12 @@ URL = "https://example.invalid/upstream/Megatron-LM.git"
 def test_mirror_fetches_locally_and_pins_the_canonical_url(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FORK_REBASE_CACHE", str(cache))
-    monkeypatch.setattr(source, "MIRRORS", {})
+    monkeypatch.setattr(gitsource, "MIRRORS", {})
     fork = make_fork(tmp_path)
     v1 = sh("git", "rev-parse", "v1", cwd=fork.upstream).strip()
     fork.layout.pin.write_text(f'[upstream]\nkind = "git"\nurl = "{URL}"\ncommit = "{v1}"\nref = "v1"\n')
     (fork.root / "README.md").write_text(f"# fork\n\n{BEGIN}\n{END}\n")
-    source.use_mirror(URL, fork.upstream)  # the old base comes from the mirror too
+    gitsource.use_mirror(URL, fork.upstream)  # the old base comes from the mirror too
     fork.stack([("keep-alpha", {"megatron/core/alpha.py": replace_line("alpha line 10\n", "alpha line 10 fork\n")})])
     fork.upstream_commit({"megatron/core/beta.py": replace_line("beta line 3\n", "beta line 3 up\n")}, "up", tag="v2")
 

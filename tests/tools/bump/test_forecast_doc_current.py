@@ -48,14 +48,14 @@ def test_the_forecast_made_again_has_the_same_outcome(tmp_path, monkeypatch):
     if not mirror or not Path(mirror).is_dir():
         pytest.skip("set MEGATRON_LM_MIRROR to a local clone of Megatron-LM to re-run the forecast")
     data = committed()
-    from tools.rebase.stack import source
+    from tools.rebase.stack import gitsource
 
     root = tmp_path / "checkout"
     shutil.copytree(REPO_ROOT / "patches", root / "patches")
     shutil.copytree(REPO_ROOT / "lines" / "upstream-main", root / "lines" / "upstream-main")
     shutil.copyfile(REPO_ROOT / "upstream.toml", root / "upstream.toml")
-    monkeypatch.setattr(source, "MIRRORS", {})
-    source.use_mirror(URL, mirror)
+    monkeypatch.setattr(gitsource, "MIRRORS", {})
+    gitsource.use_mirror(URL, mirror)
     layout = Layout(root)
     again = forecast(layout, f"git:{URL}@{COMMIT}", resolutions_from=layout.for_line("upstream-main"))
     shown = {row["name"]: row["status"] for row in again["patches"]}

@@ -6,14 +6,14 @@ import pytest
 
 from tests.tools.bumpkit import add_line, replace_line, sh
 from tools.rebase.cli import main
-from tools.rebase.stack import source
+from tools.rebase.stack import gitsource
 
 ALPHA = "megatron/core/alpha.py"
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_mirrors(monkeypatch):
-    monkeypatch.setattr(source, "MIRRORS", {})
+    monkeypatch.setattr(gitsource, "MIRRORS", {})
 
 
 def unreachable_line(fork, tmp_path):

@@ -6,7 +6,8 @@ from pathlib import Path
 from tools.rebase.errors import RebaseError
 from tools.rebase.stack.materialize import local_edits
 from tools.rebase.stack.pin import Pin, parse_spec, pin_from_table
-from tools.rebase.stack.source import download_sdist, resolve_git_ref, sha256_file
+from tools.rebase.stack.gitsource import git_tree_digest, resolve_git_ref
+from tools.rebase.stack.source import download_sdist, sha256_file
 
 
 def _pin_from_toml(text: str) -> Pin:

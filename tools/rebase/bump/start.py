@@ -1,6 +1,8 @@
 """Phase 1, ``bump --onto``: refuse over unsaved work, back everything up (the journal), import
 the new base and load the recorded resolutions; then ``Bump._run`` replays."""
 
+from dataclasses import replace
+
 from tools.rebase.analysis.basecompare import downgrade_warnings
 from tools.rebase.analysis.diffparse import prefetch_range
 from tools.rebase.bump import journal as jr
@@ -37,7 +39,7 @@ class StartPhase:
             clear_stale_locks(self.work)  # left by a git killed with an earlier run
         old_pin = load_pin(layout.pin)
         new_pin = resolve_spec(layout, spec)
-        if new_pin == old_pin:
+        if replace(new_pin, tree_sha256="") == replace(old_pin, tree_sha256=""):  # a check value, not the base
             raise RebaseError(f"the stack is already on {new_pin.display}; nothing to bump")
         _ensure_applied(layout)  # work repo == patches/ (refuses unexported work)
         work = self.work

@@ -60,7 +60,7 @@ def _cmd_bump(args, lay):
         raise RebaseError("--drop goes with --continue")
     if args.mirror:
         from tools.rebase.stack.pin import parse_spec
-        from tools.rebase.stack.source import use_mirror
+        from tools.rebase.stack.gitsource import use_mirror
 
         if not args.onto or parse_spec(args.onto)[0] != "git":
             raise RebaseError("--mirror goes with --onto git:URL@ref")

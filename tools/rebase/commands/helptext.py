@@ -91,6 +91,18 @@ _COMMANDS = {
         "saved in .rebase/lines/NAME/seed-backup/.",
         "under a second.",
     ),
+    "publish": (
+        "Write the line as a branch of this repository: its first parent is the pinned upstream "
+        "commit (the release line: the commit of the pinned sdist's tree that apply imports), then "
+        "one commit per patch in series order, each with the patch's message, trailers, author and "
+        "date. Its tree installs with upstream's own packaging (pip install git+URL@BRANCH). The "
+        "same stack always gives the same commit ids; check --published BRANCH verifies a branch. "
+        "Nothing is pushed.",
+        "the branch (default line/NAME) in the checkout's repository, with the upstream history its "
+        "commits need; .rebase/ as apply writes it (megatron/ is left as it is).",
+        "as long as apply (a few seconds when the base is cached), plus copying upstream's history "
+        "into the repository the first time.",
+    ),
     "report": (
         "Regenerate the review report of the last bump, or compare two stacks (--repo with git "
         "ranges, or --old/--new commits of this checkout's patches/).",
@@ -125,6 +137,8 @@ _EXAMPLES = {
              ("bump --abort", "restore everything as it was before the bump"),
              ("bump --line upstream-dev --onto git:URL@COMMIT --allow-downgrade",
               "move a line onto an older-dated base (refused without the flag)")],
+    "publish": [("publish --line upstream-dev --mirror PATH", "write branch line/upstream-dev from a local clone"),
+                ("check --line upstream-dev --published line/upstream-dev", "verify a published branch")],
     "seed": [("seed --line upstream-main", "restart the line from the release line's patches")],
     "report": [("report", "regenerate REBASE_REPORT.md/.json of the last bump"),
                ("report --old HEAD~5 --output /tmp/r.md", "compare the stack of an earlier commit")],

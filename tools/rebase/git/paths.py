@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
+from tools.rebase.git.checkout_bytes import refuse_converted_inputs
 
 PIN_FILE = "upstream.toml"
 STATE_DIR = ".rebase"
@@ -164,6 +165,7 @@ class Layout:
             raise RebaseError(f"{self.root}: {', '.join(linked)} must not be symlinks (the tool reads "
                               f"and writes them in place); replace them with real files or folders")
         self.refuse_tracked()
+        refuse_converted_inputs(self.root)
         self.refuse_foreign_work_repo()
 
     def _recover_interrupted_export(self) -> None:

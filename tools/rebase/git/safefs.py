@@ -140,14 +140,25 @@ def extract_tar(tar, dest: Path) -> None:
     tar.extractall(dest, filter="data")
 
 
-def read_nofollow(path: Path) -> bytes:
+# The most the tool reads from one file: 100x the largest patch file of the series, and far above
+# any pin, record, report or source file; a bigger one (a PR can commit one) is an error, not a
+# memory spike.
+MAX_READ_BYTES = 64 << 20
+
+
+def read_nofollow(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
     """The bytes of the regular file ``path``: a link is an error, and so is a FIFO, device or
-    folder (opened without blocking, so a FIFO a checkout carries cannot hang the tool)."""
+    folder (opened without blocking, so a FIFO a checkout carries cannot hang the tool), and a file
+    over ``limit`` bytes (checked before reading, and again while reading one that grows)."""
     fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise RebaseError(f"{path}: not a regular file; the tool reads only plain files there")
-        return fh.read()
+        data = fh.read(limit + 1) if info.st_size <= limit else b""
+        if info.st_size > limit or len(data) > limit:
+            raise RebaseError(f"{path}: larger than the {limit:,} bytes the tool reads from one file")
+        return data
 
 
 _RENAME_EXCHANGE = 2

@@ -20,6 +20,7 @@ from tools.rebase.stack.series import (
 )
 from tools.rebase.stack.source import import_base
 from tools.rebase.stack.stack import build, export_range
+from tools.rebase.proof.hidden_unicode import hidden_controls
 from tools.rebase.proof.testids import missing_test
 
 
@@ -67,6 +68,7 @@ def lint_series(layout):
             why = missing_test(layout.root, node_id)
             if why:
                 problems.append(f"{shown}/{entry.name}: Tests: {node_id}: {why}")
+        problems += hidden_controls(patch, f"{shown}/{entry.name}")
     for path in sorted(layout.patches.glob("*.patch")):
         if path.name not in listed:
             problems.append(f"{shown}/{path.name}: not listed in {shown}/series")
@@ -171,6 +173,9 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     except RebaseError as exc:
         return [str(exc)]
     log(f"pin parsed (base not imported): {pin.display}")
+    if pin.kind == "git":
+        log(f"pin anchoring NOT verified: whether commit {pin.commit[:12]} is on a branch or tag of {pin.url} "
+            f"(not a pull request's) needs upstream; `check` with the base (or --mirror PATH) verifies it")
     problems, parsed, _ = lint_series(layout)
     if not problems:
         log(f"series ok: {len(parsed)} patches")
@@ -251,7 +256,7 @@ def check(layout, log=print, strict_records: bool = False) -> list:
     tip = commits[-1] if commits else base
     fresh = dict(export_range(layout.work, base, tip))
     for patch in parsed:
-        if fresh.get(patch.path.name) != patch.path.read_bytes():
+        if fresh.get(patch.path.name) != read_nofollow(patch.path):
             problems.append(
                 f"{layout.rel(layout.patches)}/{patch.path.name}: differs from a fresh export (edited by hand, or "
                 f"exported with other flags); run apply then export to regenerate it"

@@ -14,12 +14,13 @@ MAIL_HEADERS = {"from": None, "date": None, "subject": None, "mime-version": "1.
 
 def read_headers(where: str, lines: list):
     """The mail headers (names lower-cased, folded lines joined) and the index of the blank line
-    after them; a header the exporter never writes, or one written twice, is an error."""
-    headers, spelled, i, last = {}, {}, 1, None
+    after them; a header the exporter never writes, or one written twice, is an error. Folded
+    lines are collected and joined once (appending each to the joined value took quadratic time)."""
+    parts, spelled, i, last = {}, {}, 1, None
     while i < len(lines) and lines[i] != "":
         line = lines[i]
         if line[:1] in (" ", "\t") and last:
-            headers[last] += " " + line.strip()
+            parts[last].append(line.strip())
         elif ":" in line:
             name, _, value = line.partition(":")
             last = name.strip().lower()
@@ -27,12 +28,13 @@ def read_headers(where: str, lines: list):
                 raise RebaseError(f"{where}:{i + 1}: refusing the mail header {name!r}: the exporter writes "
                                   f"only {', '.join(h.title() for h in MAIL_HEADERS)}, and git am could "
                                   f"decode or convert the patch by another one before applying it")
-            if last in headers:
+            if last in parts:
                 raise RebaseError(f"{where}:{i + 1}: the mail header {name!r} is written twice")
-            headers[last], spelled[last] = value.strip(), name
+            parts[last], spelled[last] = [value.strip()], name
         else:
             raise RebaseError(f"{where}:{i + 1}: malformed mail header {line!r}")
         i += 1
+    headers = {name: " ".join(values) for name, values in parts.items()}
     for name, allowed in MAIL_HEADERS.items():
         if allowed is not None and name in headers and " ".join(headers[name].lower().split()) != allowed:
             raise RebaseError(f"{where}: refusing '{spelled[name]}: {headers[name]}': the exporter writes "

@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -20,6 +22,13 @@ PACKAGE_DIR = "megatron"
 MANIFEST = ".fork-manifest.json"
 VERSION_FILE = Path("core") / "package_info.py"
 STAMP_MARK = "# --- stamped by tools.rebase when the fork was materialized ---"
+# The public version upstream's package_info.py may spell: three integers and PEP 440's canonical
+# pre-, post- and dev-release segments. Anything else (a quote, a space, a "+") is refused, so the
+# stamp's quoting is fixed and nothing a patch writes can change what setup.py reads as the version.
+PUBLIC_VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?$")
+PRE_RELEASE = re.compile(r"^(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?$")
+# What the stamp's version may hold: the public version and a local label of letters, digits, dots.
+STAMPED_VERSION = re.compile(PUBLIC_VERSION.pattern[:-1] + r"\+[a-z0-9]+(?:\.[a-z0-9]+)*$")
 
 
 def upstream_version(package_info: Path) -> str:
@@ -40,15 +49,40 @@ def upstream_version(package_info: Path) -> str:
                 except ValueError:
                     raise RebaseError(f"{package_info}: {target.id} is not a literal (line {node.lineno}); "
                                       f"the version is read without running the file") from None
-    try:
-        return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE', '')}"
-    except KeyError as exc:
-        raise RebaseError(f"{package_info}: cannot find {exc} to compute the version") from None
+    missing = [name for name in ("MAJOR", "MINOR", "PATCH") if name not in values]
+    if missing:
+        raise RebaseError(f"{package_info}: cannot find {', '.join(missing)} to compute the version")
+    for name in ("MAJOR", "MINOR", "PATCH"):
+        if type(values[name]) is not int or values[name] < 0:
+            raise RebaseError(f"{package_info}: {name} = {values[name]!r} is not a non-negative integer; "
+                              f"the version is not stamped")
+    pre = values.get("PRE_RELEASE", "")
+    if not isinstance(pre, str) or not PRE_RELEASE.match(pre):
+        raise RebaseError(f"{package_info}: PRE_RELEASE = {pre!r} is not a PEP 440 pre-, post- or dev-release "
+                          f"segment (such as 'rc0', '.post1', '.dev2' or ''); the version is not stamped")
+    return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{pre}"
 
 
-def fork_version(base_version: str, patch_count: int, stack_digest: str) -> str:
-    """PEP 440: ``<upstream version>+rl.<patches>.<digest>``, e.g. ``0.19.0+rl.5.3f2a9c1d``."""
-    return f"{base_version}+rl.{patch_count}.{stack_digest[:8]}"
+def fork_version(base_version: str, patch_count: int, stack_digest: str, line: str | None = None) -> str:
+    """PEP 440: ``<upstream version>+rl.<patches>.<digest>``, e.g. ``0.19.0+rl.5.3f2a9c1d``; a line
+    other than the release line is named in it: ``0.19.0+rl.dev.40.3f2a9c1d`` for ``upstream-dev``."""
+    if not PUBLIC_VERSION.match(base_version):
+        raise RebaseError(f"upstream version {base_version!r} is not a PEP 440 public version; not stamped")
+    label = "" if line is None else line_label(line) + "."
+    return f"{base_version}+rl.{label}{patch_count}.{stack_digest[:8]}"
+
+
+def line_label(line: str) -> str:
+    """A line's name as a PEP 440 local-label part: ``upstream-dev`` -> ``dev``, ``x_y-z`` -> ``x.y.z``."""
+    name = line.removeprefix("upstream-")
+    return re.sub(r"[^a-z0-9]+", ".", name.lower()).strip(".") or "line"
+
+
+def stamp_line(version: str) -> str:
+    """The stamp's one line, always in single quotes; the version is checked to hold no quote."""
+    if not STAMPED_VERSION.match(version):
+        raise RebaseError(f"fork version {version!r} is not a PEP 440 version with a local label; not stamped")
+    return f"__version__ = '{version}'"
 
 
 def _hash_tree(root: Path) -> dict:
@@ -77,11 +111,26 @@ def _hash_tree(root: Path) -> dict:
             if entry.is_symlink():
                 out[prefix + name] = f"symlink -> {os.readlink(entry.path)}"
             else:
-                with open(entry.path, "rb") as f:
-                    out[prefix + name] = hashlib.sha256(f.read()).hexdigest()
+                out[prefix + name] = _file_digest(entry.path)
 
     walk(str(root), "")
     return out
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a regular file, streamed; a FIFO or device (an unpacked archive can carry one in
+    ``megatron/``) is recorded as such, never opened for a read that would block or never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return "not a regular file"
+        h = hashlib.sha256()
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+        return h.hexdigest()
 
 
 def refuse_symlinks(tree: Path) -> None:
@@ -107,8 +156,8 @@ def local_edits(target: Path) -> list:
     if not manifest_path.is_file():
         return ["(no manifest: this megatron/ was not written by tools.rebase)"]
     try:
-        recorded = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        recorded = json.loads(read_nofollow(manifest_path))  # regular, bounded, never through a link
+    except (RebaseError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         return [f"(the manifest {MANIFEST} is corrupt: {exc}; cannot tell which files were edited)"]
     if not isinstance(recorded, dict):
         return [f"(the manifest {MANIFEST} is corrupt: not a JSON object)"]
@@ -135,7 +184,7 @@ def materialize(work_tree: Path, target: Path, version: str, force: bool = False
     staging = target.with_name(f"{target.name}.tmp-materialize-{os.getpid()}")
     copy_entry(target.parent, source, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     info = staging / VERSION_FILE
-    write_file(staging, info, info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n__version__ = {version!r}\n")
+    write_file(staging, info, info.read_text().rstrip("\n") + f"\n\n{STAMP_MARK}\n{stamp_line(version)}\n")
     manifest = _hash_tree(staging)
     if target.exists() and (target / MANIFEST).is_file() and _hash_tree(target) == manifest:
         shutil.rmtree(staging)

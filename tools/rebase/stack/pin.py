@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.rebase.git import names
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.errors import RebaseError
 
 PACKAGE = "megatron-core"
@@ -31,6 +32,9 @@ class Pin:
     url: str = ""
     commit: str = ""
     ref: str = ""
+    # A git pin's tree digest (stack/archive.py): lets a build without a mirror take upstream's
+    # archive of the commit instead of its history, checked against this.
+    tree_sha256: str = ""
 
     @property
     def label(self) -> str:
@@ -64,7 +68,20 @@ class Pin:
             lines += [f'url = "{_escape(self.url)}"', f'commit = "{self.commit}"']
             if self.ref:
                 lines.append(f'ref = "{_escape(self.ref)}"')
+            if self.tree_sha256:
+                lines.append(f'tree_sha256 = "{self.tree_sha256}"')
         return "\n".join(lines) + "\n"
+
+
+# A git pin's tree digest is a check value of its commit (the same commit always has the same one, and
+# an archive that does not match is refused): it changes nothing apply builds, so the stack digest
+# (proof records, the version label) is taken without its line.
+_TREE_DIGEST_LINE = re.compile(rb'^tree_sha256 = "[0-9a-f]{64}"\r?\n?', re.M)
+
+
+def digested_pin_bytes(pin_bytes: bytes) -> bytes:
+    """The pin file's bytes as the stack digest reads them: without the ``tree_sha256`` line."""
+    return _TREE_DIGEST_LINE.sub(b"", pin_bytes)
 
 
 def allowed_package(name: str, where: str) -> str:
@@ -100,7 +117,7 @@ def _escape(value: str) -> str:
 
 def load_pin(path: Path) -> Pin:
     try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+        data = tomllib.loads(read_nofollow(path).decode("utf-8"))  # a regular file, bounded, no link
     except FileNotFoundError:
         raise RebaseError(f"{path}: upstream pin file is missing") from None
     except UnicodeDecodeError as exc:
@@ -138,8 +155,11 @@ def pin_from_table(table: dict, where: str) -> Pin:
             )
         ref = table.get("ref", "")
         ref = names.git_ref(ref, where) if ref != "" else ""  # every field is checked before the URL is judged
+        tree_sha256 = table.get("tree_sha256", "")
+        if tree_sha256 != "" and (not isinstance(tree_sha256, str) or not _SHA256.match(tree_sha256)):
+            raise RebaseError(f"{where}: tree_sha256 must be a string of 64 lowercase hex digits, got {tree_sha256!r}")
         url = allowed_git_url(names.pinned_git_url(table["url"], where), where)
-        return Pin("git", url=url, commit=commit, ref=ref)
+        return Pin("git", url=url, commit=commit, ref=ref, tree_sha256=tree_sha256)
     raise RebaseError(f"{where}: kind must be \"pypi\" or \"git\", got {kind!r}")
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tools.rebase.git import names
+from tools.rebase.git.safefs import read_nofollow
 from tools.rebase.stack import mailheaders
 from tools.rebase.errors import RebaseError
 
@@ -49,7 +50,7 @@ def read_series(path: Path) -> Series:
         raise RebaseError(f"{path}: series file is missing")
     entries, pending = [], []
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_nofollow(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RebaseError(f"{path}: not UTF-8 ({exc})") from None
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -96,6 +97,8 @@ class PatchFile:
     files: list  # paths touched
     added: int
     removed: int
+    # (line in the patch file, file changed, line in the new file) of every added line
+    added_at: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -123,17 +126,18 @@ def parse_trailers(message: str) -> dict:
     paragraphs = [p for p in re.split(r"\n\s*\n", message.strip()) if p.strip()]
     if len(paragraphs) < 2:
         return {}
-    trailers = {}
-    last_key = None
+    found = []  # (key, [value, folded continuations...]): joined once, in linear time
     for line in paragraphs[-1].splitlines():
         m = _TRAILER.match(line)
         if m:
-            last_key = m["key"]
-            trailers.setdefault(last_key, []).append(m["value"].strip())
-        elif line[:1].isspace() and last_key:  # folded continuation
-            trailers[last_key][-1] += " " + line.strip()
+            found.append((m["key"], [m["value"].strip()]))
+        elif line[:1].isspace() and found:  # folded continuation
+            found[-1][1].append(line.strip())
         else:
             return {}
+    trailers = {}
+    for key, values in found:
+        trailers.setdefault(key, []).append(" ".join(values))
     return trailers
 
 
@@ -183,7 +187,7 @@ def parse_patch(path: Path) -> PatchFile:
     where = str(path)
     _refuse_link(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_nofollow(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RebaseError(f"{where}: not UTF-8 ({exc})") from None
     lines = text.split("\n")
@@ -201,13 +205,14 @@ def parse_patch(path: Path) -> PatchFile:
         raise RebaseError(f"{where}: no diff found (expected a '---' line followed by 'diff --git')")
     body = "\n".join(lines[body_start:diff_start]).strip("\n")
     message = subject + ("\n\n" + body if body else "")
-    files, added, removed = _check_diff(where, lines, diff_start)
+    added_at = []
+    files, added, removed = _check_diff(where, lines, diff_start, added_at)
     if not files:
         raise RebaseError(f"{where}: the patch changes no files")
     trailers = parse_trailers(message)
     for value in trailers.get("Patch-Name", [])[:1]:
         names.patch_name(value, where)
-    return PatchFile(path, subject, message, trailers, files, added, removed)
+    return PatchFile(path, subject, message, trailers, files, added, removed, added_at)
 
 
 # Top-level files (outside megatron/) a patch may touch: none, since every patch of the series
@@ -263,10 +268,11 @@ def _patch_break(line: str) -> bool:
             or re.match(r"^--- \S", line) is not None)
 
 
-def _check_diff(where, lines, start):
+def _check_diff(where, lines, start, added_at):
     """Validate everything ``git am`` will apply from line ``start`` on: only ``diff --git``
     sections with known header lines and hunks whose counts match; any other line that git apply
-    would take as (part of) a patch is an error, wherever it sits."""
+    would take as (part of) a patch is an error, wherever it sits. Each added line's place is
+    appended to ``added_at``."""
     files, added, removed = [], 0, 0
     i = start + (1 if lines[start] == "---" else 0)
     n = len(lines)
@@ -334,6 +340,7 @@ def _check_diff(where, lines, start):
         in_header = False
         old_len = int(m[2]) if m[2] is not None else 1
         new_len = int(m[4]) if m[4] is not None else 1
+        new_no = int(m[3])
         header_line = i + 1
         i += 1
         while old_len > 0 or new_len > 0:
@@ -347,12 +354,15 @@ def _check_diff(where, lines, start):
             if tag == " " or (h == "" and i + 1 < n):
                 old_len -= 1
                 new_len -= 1
+                new_no += 1
             elif tag == "-":
                 old_len -= 1
                 removed += 1
             elif tag == "+":
                 new_len -= 1
                 added += 1
+                added_at.append((i + 1, section[1], new_no))
+                new_no += 1
             elif tag == "\\":
                 pass
             else:

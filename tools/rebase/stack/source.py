@@ -1,13 +1,9 @@
-"""Fetch an upstream base (sdist or git commit), verify it, and import it as one tagged commit.
+"""Fetch and verify an sdist base, and import either kind of base as one tagged commit.
 
 Both kinds end up the same way in the work repo: a parentless commit whose tree is the upstream
 tree, with fixed identity and date so its id is reproducible, tagged ``upstream/<label>``. For
-git sources the real upstream history is fetched too (``refs/upstream-history/<commit>``) so
-reports can name the upstream commits that touched our files.
-
-Size: a little over 400 lines because both kinds keep their fetch, verification and import
-together here (the sdist's bounds and member checks, the git pin's short-id resolution); split
-them when either grows further.
+git sources (fetched and anchored by ``gitsource.py``) the real upstream history is fetched too
+(``refs/upstream-history/<commit>``) so reports can name the upstream commits that touched our files.
 """
 
 import contextlib
@@ -20,12 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.gitcmd import SHORT_ID_HINT, cat_objects, expand_short_id, git, git_proc, is_short_id, rev_parse
-from tools.rebase.stack.pin import Pin
+from tools.rebase.git import names
+from tools.rebase.git.gitcmd import cat_objects, git
 from tools.rebase.git.owned import SDIST_PURPOSE, file_marker, is_marked_file, mark_file
-from tools.rebase.git.safefs import extract_tar, write_file
+from tools.rebase.git.safefs import extract_tar
+from tools.rebase.stack.gitsource import fetch_git_commit, require_anchored
+from tools.rebase.stack.pin import Pin
 
 UPSTREAM_NAME = "Upstream import"
 UPSTREAM_EMAIL = "upstream@megatron-rl-fork.invalid"
@@ -245,8 +242,14 @@ def base_tag(pin: Pin) -> str:
     return f"upstream/{pin.label}"
 
 
-def import_base(work: Path, cache: Path, pin: Pin) -> str:
-    """Make sure the pinned base is a tagged commit in ``work``; return its commit id."""
+def import_base(work: Path, cache: Path, pin: Pin, from_archive: bool = False) -> str:
+    """Make sure the pinned base is a tagged commit in ``work``; return its commit id.
+
+    ``from_archive``: a git pin's commit no mirror, local path or cache holds comes from upstream's
+    archive of it, checked against the pin's ``tree_sha256`` (stack/archive.py), not its history;
+    the pin is still anchored first (a pull request's commit has an archive too)."""
+    if pin.kind == "git":  # before any cached import counts: the pin may be a pull request's
+        require_anchored(cache, pin.url, pin.commit)
     ensure_work_repo(work)
     tag = base_tag(pin)
     # One cat-file call: the tagged commit's id and its message (which records the verified hash).
@@ -260,10 +263,17 @@ def import_base(work: Path, cache: Path, pin: Pin) -> str:
         message = f"Upstream {pin.package} {pin.version}\n\nsdist sha256: {pin.sha256}\n"
         commit = _commit_tree(work, tree, message, mtime)
     else:
-        real = fetch_git_commit(work, cache, pin.url, pin.commit)
-        tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+        real = fetch_git_commit(work, cache, pin.url, pin.commit, network=not from_archive)
+        if real:
+            tree = git("rev-parse", f"{real}^{{tree}}", cwd=work).strip()
+            when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
+        else:  # not at hand, and the archive was asked for
+            from tools.rebase.stack.archive import verified_archive, write_tree
+
+            entries, when = verified_archive(cache, pin, lambda msg: print(msg, file=sys.stderr))
+            tree = write_tree(work, entries)
         _refuse_links_in_package(work, tree, pin)
-        when = int(git("show", "-s", "--format=%ct", real, cwd=work).strip())
+        _refuse_tool_shadow(work, tree, pin)
         message = f"Upstream {pin.url} at {pin.commit}\n\nref: {pin.ref or '(none)'}\n"
         commit = _commit_tree(work, tree, message, when)
     git("tag", "-f", tag, commit, cwd=work)
@@ -285,6 +295,15 @@ def _refuse_links_in_package(work: Path, tree: str, pin: Pin) -> None:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         raise RebaseError(f"the base {pin.url} at {pin.commit} holds a symlink or submodule under megatron/: "
                           f"{shown}; the tool takes regular files only there, so nothing was imported")
+
+
+def _refuse_tool_shadow(work: Path, tree: str, pin: Pin) -> None:
+    """A base holding ``tools/rebase/`` is refused: checked out in ``.rebase/work``, where
+    maintainers edit, ``python -m tools.rebase`` run there would import it (``-m`` puts the current
+    folder first on the path) instead of the checkout's tool. Upstream has no such folder."""
+    if git("ls-tree", "--name-only", tree, "--", "tools/rebase", cwd=work).strip():
+        raise RebaseError(f"the base {pin.url} at {pin.commit} holds tools/rebase/: checked out in the work "
+                          f"repo it would stand in for the tool when run there, so nothing was imported")
 
 
 def _records(commit_object: bytes, pin: Pin) -> bool:
@@ -317,137 +336,3 @@ def _commit_tree(work: Path, tree: str, message: str, when: int) -> str:
         "GIT_COMMITTER_DATE": date,
     }
     return git("commit-tree", tree, "-m", message, cwd=work, env=env).strip()
-
-
-MIRROR_MARKER = "megatron-rebase-mirror"  # written by the tool into every cache repo it creates
-
-
-def _mirror_purpose(url: str) -> str:
-    return f"the cache repository of {url}"
-
-
-@contextlib.contextmanager
-def _git_cache(cache: Path, url: str):
-    """The cache repo of ``url``, locked for this process (two cold applies share one key).
-
-    It is made whole in a private folder (bare init, pinned attributes, the marker) and renamed
-    into place, so a kill never leaves a half-made one. A folder at its name that the tool did not
-    make is refused (another user's, or one a checkout carried, could hold hooks or config);
-    an empty one (left by older versions killed mid-init) is taken as absent."""
-    from tools.rebase.git.gitcmd import pin_attributes
-    from tools.rebase.git.lock import key_locked
-    from tools.rebase.git.owned import is_marked, mark
-    from tools.rebase.git.safefs import makedirs
-
-    key = hashlib.sha256(url.encode()).hexdigest()[:16]
-    folder = makedirs(cache, Path(cache) / "git")
-    repo = folder / f"{key}.git"
-    with key_locked(folder, key):
-        if repo.is_dir() and not repo.is_symlink() and not any(repo.iterdir()):
-            repo.rmdir()
-        if not (repo.exists() or repo.is_symlink()):
-            staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder))
-            try:
-                git("init", "-q", "--bare", staging, cwd=folder)
-                pin_attributes(staging)
-                mark(staging, MIRROR_MARKER, _mirror_purpose(url))
-                os.rename(staging, repo)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-        if not is_marked(repo, MIRROR_MARKER, _mirror_purpose(url)):
-            raise RebaseError(f"{repo}: this cache repository was not created by tools.rebase for you "
-                              f"(no valid {MIRROR_MARKER} marker owned by uid {os.getuid()}, or a link, "
-                              f"or unpacked or copied from elsewhere); it is not used. Remove it and run again.")
-        yield repo
-
-
-# Canonical URL -> local git repository holding its objects (``bump --mirror PATH``): objects are
-# fetched from the mirror, while pins, reports and cache keys keep the canonical URL.
-MIRRORS = {}
-
-
-def use_mirror(url: str, path) -> None:
-    """Fetch ``url``'s objects from the local repository ``path`` in this process."""
-    local = Path(path).expanduser()
-    if not local.is_dir() or git_proc("rev-parse", "--git-dir", cwd=local).returncode != 0:
-        raise RebaseError(f"--mirror {path}: not a git repository")
-    MIRRORS[url] = str(local.resolve())
-
-
-def _local_objects(url: str) -> str:
-    """The object directory of the ``--mirror`` given for ``url``, else "".
-
-    Only a mirror named on the command line is borrowed: a local path in the (untrusted) pin is
-    fetched like any URL, so just the pinned history is copied and nothing else in it is linked.
-    """
-    if url not in MIRRORS:
-        return ""
-    proc = git_proc("rev-parse", "--absolute-git-dir", cwd=MIRRORS[url])
-    if proc.returncode != 0:
-        return ""
-    objects = Path(proc.stdout.strip()) / "objects"
-    return str(objects) if objects.is_dir() else ""
-
-
-def _borrow(git_dir: Path, objects: str) -> None:
-    """Let the repository at ``git_dir`` read ``objects`` in place (git alternates): importing a
-    mirror's history then copies nothing. The mirror must stay where it is."""
-    if not objects:
-        return
-    info = git_dir / "objects" / "info"
-    info.mkdir(parents=True, exist_ok=True)
-    alternates = info / "alternates"
-    lines = alternates.read_text().splitlines() if alternates.is_file() else []
-    if objects not in lines:
-        write_file(git_dir, alternates, "".join(f"{line}\n" for line in [*lines, objects]))
-
-
-def _local_url(url: str) -> str:
-    if url in MIRRORS:
-        return MIRRORS[url]
-    path = Path(url).expanduser()
-    return str(path.resolve()) if path.exists() else url
-
-
-def resolve_git_ref(cache: Path, url: str, ref: str) -> str:
-    """Fetch ``ref`` from ``url`` into the cache mirror and return its full commit id."""
-    names.git_url(url, "git source")
-    names.git_ref(ref, f"git source {url}")
-    with _git_cache(cache, url) as mirror:
-        _borrow(mirror, _local_objects(url))
-        proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), ref, cwd=mirror)
-        full = None
-        if proc.returncode != 0:  # fetch takes full ids only: look an abbreviation up in the objects at hand
-            full = expand_short_id([mirror, Path(_local_url(url))], ref)
-            if full:
-                proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), full, cwd=mirror)
-        if proc.returncode != 0:
-            hint = SHORT_ID_HINT if is_short_id(ref) and not full else ""
-            raise RebaseError(f"could not fetch {ref!r} from {url}: {proc.stderr.strip()}{hint}")
-        commit = rev_parse(mirror, "FETCH_HEAD")
-        if not commit:
-            raise RebaseError(f"{url}: {ref!r} does not name a commit")
-        git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
-    return commit
-
-
-def fetch_git_commit(work: Path, cache: Path, url: str, commit: str) -> str:
-    """Bring ``commit`` (with history) from ``url`` into ``work``; verify it exists."""
-    if not rev_parse(work, commit):
-        names.git_url(url, "git source")
-        with _git_cache(cache, url) as mirror:
-            local_objects = _local_objects(url)
-            _borrow(mirror, local_objects)
-            _borrow(work / ".git", local_objects)
-            if not rev_parse(mirror, commit):
-                proc = git_proc("fetch", "-q", "--no-tags", "--", _local_url(url), commit, cwd=mirror)
-                if proc.returncode != 0 or not rev_parse(mirror, commit):
-                    raise RebaseError(
-                        f"could not fetch commit {commit} from {url}: {proc.stderr.strip() or 'not found'}"
-                    )
-                git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=mirror)
-            git("fetch", "-q", "--no-tags", "--", str(mirror), f"+{commit}:refs/upstream-history/{commit}",
-                cwd=work)
-    git("update-ref", f"refs/upstream-history/{commit}", commit, cwd=work)
-    return commit

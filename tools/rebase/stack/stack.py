@@ -28,8 +28,10 @@ FORMAT_PATCH_FLAGS = (
 
 
 def stack_digest(pin_bytes: bytes, series_bytes: bytes, patch_bytes: list) -> str:
+    from tools.rebase.stack.pin import digested_pin_bytes
+
     h = hashlib.sha256()
-    for chunk in (pin_bytes, series_bytes, *patch_bytes):
+    for chunk in (digested_pin_bytes(pin_bytes), series_bytes, *patch_bytes):
         h.update(len(chunk).to_bytes(8, "big"))
         h.update(chunk)
     return h.hexdigest()

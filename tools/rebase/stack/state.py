@@ -55,7 +55,7 @@ def _series_entries(path) -> bytes:
     try:
         return "\n".join(read_series(path).names).encode()
     except (RebaseError, OSError, UnicodeDecodeError):
-        return b"unreadable:" + path.read_bytes()
+        return b"unreadable:" + read_nofollow(path)
 
 
 def patch_files(layout) -> dict:
@@ -71,7 +71,7 @@ def patch_files(layout) -> dict:
             elif path.name == "series" and path.is_file():
                 data = _series_entries(path)
             elif path.is_file():
-                data = path.read_bytes()
+                data = read_nofollow(path)
             else:
                 data = b"not a file"
             out[path.name] = hashlib.sha256(data).hexdigest()
@@ -91,7 +91,7 @@ def current_digest(layout, patches) -> str:
     from tools.rebase.stack.stack import stack_digest
 
     return stack_digest(
-        layout.pin.read_bytes(),
-        layout.series.read_bytes(),
-        [p.path.read_bytes() for p in patches],
+        read_nofollow(layout.pin),
+        read_nofollow(layout.series),
+        [read_nofollow(p.path) for p in patches],
     )

@@ -72,7 +72,7 @@ def unexported_commits(layout) -> list:
 
 def stamp_version(layout, work_tree: Path, digest: str, count: int) -> str:
     base = upstream_version(work_tree / "megatron" / "core" / "package_info.py")
-    return fork_version(base, count, digest)
+    return fork_version(base, count, digest, layout.line)
 
 
 def remove_stale_scratch(layout) -> None:
@@ -90,15 +90,16 @@ def remove_stale_scratch(layout) -> None:
         git("worktree", "prune", cwd=layout.work, check=False)
 
 
-def apply(layout, force: bool = False, log=print, package: bool = True) -> str:
+def apply(layout, force: bool = False, log=print, package: bool = True, from_archive: bool = False) -> str:
     """Build the work repo from patches/ on the pin and materialize ``megatron/`` from it;
     ``package=False`` builds the work repo only (what a bump needs: it leaves ``megatron/``, which
-    every line shares, as the last plain ``apply`` wrote it)."""
+    every line shares, as the last plain ``apply`` wrote it). ``from_archive``: a git pin's commit
+    not at hand comes from upstream's archive of it (``import_base``)."""
     with locked(layout, "apply", wait=APPLY_LOCK_WAIT):
-        return _apply(layout, force, log, package)
+        return _apply(layout, force, log, package, from_archive)
 
 
-def _apply(layout, force: bool, log, package: bool) -> str:
+def _apply(layout, force: bool, log, package: bool, from_archive: bool = False) -> str:
     refuse_during_bump(layout, "apply")
     pin = load_pin(layout.pin)
     _, patches = load_stack(layout)
@@ -121,7 +122,7 @@ def _apply(layout, force: bool, log, package: bool) -> str:
         log(f"up to date: {len(patches)} patches on {pin.display} ({version})"
             + ("; megatron/ refreshed" if changed else ""))
         return head
-    base = import_base(work, layout.cache, pin)
+    base = import_base(work, layout.cache, pin, from_archive=from_archive)
     commits = build(work, base, [p.path for p in patches], three_way=True)
     tip = commits[-1] if commits else base
     # megatron/ first, from the new commit itself: if it refuses (local edits) or fails, the work
@@ -216,6 +217,6 @@ def write_patches(layout, pin, base: str, tip: str):
         digest = current_digest(staged, patches)
     changed = write_patch_dir(layout.patches, files, series_text)
     patches = [replace(p, path=layout.patches / p.path.name) for p in patches]
-    version = fork_version(upstream, len(patches), digest)
+    version = fork_version(upstream, len(patches), digest, layout.line)
     write_state(layout, digest=digest, base=base, tip=tip, pin=pin.label, version=version)
     return changed, patches, version
