@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     layout = Layout(ROOT, args.line)
     if args.mirror:
         from tools.rebase.stack.pin import load_pin
-        from tools.rebase.stack.source import use_mirror
+        from tools.rebase.stack.gitsource import use_mirror
 
         use_mirror(load_pin(layout.pin).url, args.mirror)
     apply(layout, log=lambda *_: None)

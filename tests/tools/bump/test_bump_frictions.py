@@ -165,7 +165,7 @@ def test_undoing_a_finished_bump_forgets_its_record(tmp_path, cache):
 
 
 def test_the_mirror_is_kept_for_continue(tmp_path, cache, monkeypatch):
-    from tools.rebase.stack import source
+    from tools.rebase.stack import gitsource as source
 
     fork = make_fork(tmp_path)
     fork.stack(TWO_PATCH_STACK)

@@ -95,7 +95,7 @@ class Bump(StartPhase, ReplayPhase, AbsorbedBy, LintGate, ConflictStop, Continue
         j.jobs = self.jobs or j.jobs
         self.jobs = j.jobs
         if j.mirror:
-            from tools.rebase.stack.source import MIRRORS, use_mirror
+            from tools.rebase.stack.gitsource import MIRRORS, use_mirror
 
             url = _pin_from_toml(j.new_pin).url
             if url not in MIRRORS:

@@ -18,7 +18,7 @@ from tools.rebase.stack.source import import_base
 
 def _mirror_of(pin) -> str:
     """The ``--mirror`` given for the new base's URL (kept for ``--continue``), else ""."""
-    from tools.rebase.stack.source import MIRRORS
+    from tools.rebase.stack.gitsource import MIRRORS
 
     return MIRRORS.get(pin.url, "") if pin.kind == "git" else ""
 
