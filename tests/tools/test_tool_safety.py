@@ -108,7 +108,7 @@ def test_abort_keeps_megatron_edits_made_while_stopped(tmp_path, cache):
     resolve_conflict(fork.work, B, "beta line 5 both")
     edited = fork.root / A
     edited.write_text(edited.read_text() + "# made while stopped\n")
-    with pytest.raises(RebaseError, match="tests of the resolved patches would overwrite them"):
+    with pytest.raises(RebaseError, match="tests of the bumped stack would overwrite them"):
         bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     bump_abort(fork.layout, log=quiet)
     assert edited.read_text().endswith("# made while stopped\n")
