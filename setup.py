@@ -229,7 +229,7 @@ setup(
     extras_require={
         "te": ["transformer-engine[pytorch]"],
         "flash-attn": ["flash-attn"],
-        "dev": ["pytest", "psutil", "build", "setuptools>=69", "wheel"],
+        "dev": ["pytest", "psutil", "build", "setuptools>=69", "wheel", "pyflakes>=3"],
     },
     zip_safe=False,
 )

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "dev_line_gpu": ("dev_line_gpu.sh", "GPU host", "the upstream-dev line against pristine dev: dev's tests, the suite, the mHC bench"),
     "junit_compare": ("junit_compare.py", "CPU", "compare two junit-xml runs (fork vs upstream verdicts per test)"),
     "rebase_bench": ("rebase_bench.py", "CPU", "bump vs raw git rebase + range-diff (target <= 1.5x)"),
+    "gate_bench": ("gate_bench.py", "CPU", "a bump's finishing gate (every patch's Tests: on the whole stack): cold, then reused"),
     "report_bench": ("report_bench.py", "CPU", "report on a 25-patch stack across 1,200 upstream commits (target <= 2 s)"),
     "sdist_download_bench": ("sdist_download_bench.py", "CPU", "cold, hash-checked download of the pinned sdist (target < 15 s)"),
 }

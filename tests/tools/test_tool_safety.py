@@ -108,7 +108,7 @@ def test_abort_keeps_megatron_edits_made_while_stopped(tmp_path, cache):
     resolve_conflict(fork.work, B, "beta line 5 both")
     edited = fork.root / A
     edited.write_text(edited.read_text() + "# made while stopped\n")
-    with pytest.raises(RebaseError, match="tests of the resolved patches would overwrite them"):
+    with pytest.raises(RebaseError, match="tests of the bumped stack would overwrite them"):
         bump_continue(fork.layout, log=quiet, test_runner=all_pass)
     bump_abort(fork.layout, log=quiet)
     assert edited.read_text().endswith("# made while stopped\n")
@@ -358,7 +358,7 @@ def test_abort_forgets_resolutions_that_were_never_exported(tmp_path, cache):
     upstream_v2(fork)
     stop_at_conflict(fork)
     resolve_conflict(fork.work, B, "beta line 5 both")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     bump_abort(fork.layout, log=quiet)
     assert not fork.layout.resolutions.exists()

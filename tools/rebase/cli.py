@@ -167,7 +167,7 @@ def _cmd_prove_mutants(args, lay):
 
 def _cmd_prove(args, lay):
     from tools.rebase.proof.prove import prove, table
-    from tools.rebase.proof.record import UNPROVEN, stack_digest_now, write_record
+    from tools.rebase.proof.record import FAILS_WITH, UNPROVEN, stack_digest_now, write_record
 
     _use_pin_mirror(args, lay)
     if args.mutants is not None:
@@ -191,10 +191,16 @@ def _cmd_prove(args, lay):
             print(f"wrote {write_record(lay, proofs, proved_digest)}")
             print("README.md updated" if update_readme(lay) else "README.md already current")
     unproven = [p.name for p in proofs if p.verdict == UNPROVEN]
+    failing = [p for p in proofs if p.verdict == FAILS_WITH]
     if unproven:
         print(f"prove: {len(unproven)} unproven patch(es): {', '.join(unproven)}", file=sys.stderr)
-        return 1
-    return 0
+    if failing:
+        print(f"prove: the Tests: of {len(failing)} patch(es) fail with the whole stack: "
+              f"{', '.join(p.name for p in failing)}", file=sys.stderr)
+        for p in failing:
+            for note in p.with_notes:
+                print(f"  {p.name}: {note}", file=sys.stderr)
+    return 1 if unproven or failing else 0
 
 
 def build_parser():

@@ -41,10 +41,19 @@ def checkout_root(start: Path):
     return None
 
 
+def _editable_root():
+    """The checkout an editable install maps ``megatron_rebase`` onto (this file is then
+    ``<checkout>/tools/rebase/launch.py`` imported as ``megatron_rebase.launch``), else None."""
+    here = Path(__file__).resolve()
+    if __package__ != "tools.rebase" and here.parent.name == "rebase" and here.parent.parent.name == "tools":
+        return here.parents[2]
+    return None
+
+
 def own_root() -> Path:
-    """The folder this copy of the tool is imported from: the checkout (``tools/rebase/``), or
-    site-packages, where it is installed as ``megatron_rebase``."""
-    return Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+    """The folder this copy of the tool is imported from: the checkout (``tools/rebase/``, also
+    under an editable install), or site-packages, where it is installed as ``megatron_rebase``."""
+    return _editable_root() or Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
 
 def is_project_checkout(root: Path) -> bool:
@@ -69,6 +78,7 @@ def loaded_from_state_dir() -> bool:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _editable_checkout_on_path()  # before any module that imports ``tools.rebase`` is loaded
     if loaded_from_state_dir():
         print(f"megatron-rebase: refusing to run the copy of the tool at {own_root() / 'tools' / 'rebase'}: it "
               f"lies inside a {_STATE_DIR}/ folder (a work tree of the upstream base), not in a checkout. Run "
@@ -88,8 +98,6 @@ def main(argv=None) -> int:
             env[_HANDED_OVER] = "1"
             # -P: the folder it was started in (perhaps .rebase/work, holding upstream's tools/) is not on the path
             return subprocess.call([sys.executable, "-P", "-m", "tools.rebase", *argv], env=env)
-    if __package__ != "tools.rebase":
-        _editable_checkout_on_path()
     from .cli import main as cli_main
 
     return cli_main(argv)
@@ -99,7 +107,6 @@ def _editable_checkout_on_path() -> None:
     """An editable install maps ``megatron_rebase`` onto a checkout's ``tools/rebase``, whose modules
     import ``tools.rebase``: put that checkout on the path (a built wheel renames the imports, and
     its files are not inside a ``tools/rebase`` folder, so this does nothing there)."""
-    here = Path(__file__).resolve()
-    root = here.parents[2]
-    if here.parent == root / "tools" / "rebase" and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    root = _editable_root()
+    if root is not None and (not sys.path or sys.path[0] != str(root)):
+        sys.path.insert(0, str(root))  # first: a ``tools`` package elsewhere on the path never wins

@@ -28,6 +28,11 @@ def no_runner(layout, name, ids):
     raise AssertionError(f"tests of {name} should not run")
 
 
+def passing(layout, name, ids):
+    """Every patch's Tests: run at the finishing gate; here they all pass."""
+    return {i: "passed" for i in ids}
+
+
 STACK = [
     ("keep-alpha", {A: replace_line("alpha line 10\n", "alpha line 10 fork\n")}),
     ("upstreamed", {G: replace_line("gamma line 20\n", "gamma line 20 fixed\n")}),
@@ -40,7 +45,7 @@ STACK = [
 def bump_stops(fork):
     """Bump onto the synthetic v2, which must stop at a conflict; return the Stopped error."""
     with pytest.raises(Stopped) as info:
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     return info.value
 
 
@@ -71,7 +76,7 @@ def test_clean_bump_updates_pin_patches_and_report(tmp_path, cache):
     fork.stack(STACK)
     absorbing, _ = upstream_v2(fork)
     v2 = sh("git", "rev-parse", "v2", cwd=fork.upstream).strip()
-    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     pin = load_pin(fork.layout.pin)
     assert (pin.kind, pin.commit, pin.ref) == ("git", v2, "v2")
     assert sorted(p.name for p in fork.layout.patches.glob("*.patch")) == [
@@ -100,7 +105,7 @@ def test_report_regenerates_byte_identically_for_last_bump(tmp_path, cache):
     fork = make_fork(tmp_path)
     fork.stack(STACK)
     upstream_v2(fork)
-    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     md, js = fork.layout.report_md.read_bytes(), fork.layout.report_json.read_bytes()
     fork.layout.report_md.unlink()
     fork.layout.report_json.unlink()
@@ -118,14 +123,14 @@ def test_conflict_stop_summary_then_continue_records_resolution(tmp_path, cache)
     fork.stack(STACK)
     _, conflicting = upstream_v2(fork, conflict=True)
     with pytest.raises(Stopped) as stop:
-        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+        bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     text = str(stop.value)
     assert "patch 0003-tweak-beta" in text and B in text
     assert f"{conflicting[:12]} upstream: rewrite beta 5" in text
     assert "upstream: alpha 12" not in text  # only commits touching the conflicting file
     assert "<<<<<<<" in (fork.work / B).read_text()
     with pytest.raises(RebaseError, match="still unmerged"):
-        bump_continue(fork.layout, log=quiet, test_runner=no_runner)
+        bump_continue(fork.layout, log=quiet, test_runner=passing)
     (fork.work / B).write_text((fork.work / B).read_text().split("<<<<<<<")[0]
                                + "beta line 5 upstream and fork\n"
                                + (fork.work / B).read_text().split(">>>>>>>")[1].split("\n", 1)[1])
@@ -137,7 +142,8 @@ def test_conflict_stop_summary_then_continue_records_resolution(tmp_path, cache)
         return {i: "passed" for i in ids}
 
     data = bump_continue(fork.layout, log=quiet, test_runner=runner)
-    assert ran == [("tweak-beta", ["tests/test_dummy.py::test_ok"], True)]
+    # every patch's tests run at the finish, each on the bumped tree
+    assert ran == [(n, ["tests/test_dummy.py::test_ok"], True) for n in ("keep-alpha", "tweak-beta", "new-module")]
     stored = list((fork.layout.resolutions / "tweak-beta").iterdir())
     assert len(stored) == 1 and (stored[0] / "postimage").is_file()
     assert "beta line 5 upstream and fork" in (stored[0] / "postimage").read_text()
@@ -162,7 +168,7 @@ def test_recorded_resolution_replays_on_a_fresh_clone(tmp_path, cache, monkeypat
     ran = []
     data = bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet,
                 test_runner=lambda l, n, ids: ran.append(n) or {i: "passed" for i in ids})
-    assert ran == ["tweak-beta"]
+    assert ran == ["keep-alpha", "tweak-beta", "new-module"]  # every patch's, at the finish
     assert clone.patch_files() == after
     row = next(r for r in data["mapping"] if r["new"] and r["new"][0]["subject"] == "tweak-beta")
     assert "recorded resolution" in row["note"]
@@ -186,7 +192,8 @@ def stops_on_its_tests_then_finishes_without_them(tmp_path, resolution, outcome,
 
 def test_failing_tests_after_replayed_resolution_stop_the_bump(tmp_path, cache):
     stops_on_its_tests_then_finishes_without_them(
-        tmp_path, "beta line 5 broken", "failed", "tweak-beta: tests/test_dummy.py::test_ok: failed")
+        tmp_path, "beta line 5 broken", "failed",
+        r"tweak-beta: tests/test_dummy.py::test_ok: fails only with the stack \(a patch or its resolution broke it\)")
 
 
 def test_abort_restores_everything_exactly(tmp_path, cache):
@@ -211,7 +218,7 @@ def test_drop_on_purpose_is_not_absorbed(tmp_path, cache):
     fork.stack(STACK)
     absorbing, _ = upstream_v2(fork, conflict=True)
     bump_stops(fork)
-    data = bump_continue(fork.layout, drop=True, log=quiet, test_runner=no_runner)
+    data = bump_continue(fork.layout, drop=True, log=quiet, test_runner=passing)
     rows = {(r["old"] or r["new"])[0]["subject"]: r for r in data["mapping"]}
     assert rows["tweak-beta"]["status"] == "dropped" and "on purpose" in rows["tweak-beta"]["note"]
     assert rows["upstreamed"]["status"] == "absorbed" and rows["upstreamed"]["upstream_commit"] == absorbing
@@ -227,7 +234,7 @@ def test_conflicting_patch_already_upstream_is_absorbed_without_stopping(tmp_pat
     taken = fork.upstream_commit({B: replace_line("beta line 5\n", "beta line 5 fork\n")}, "upstream: take beta fix")
     fork.upstream_commit({B: replace_line("beta line 5 fork\n", "beta line 5 fork, refined\n")}, "upstream: refine")
     sh("git", "tag", "v2", cwd=fork.upstream)
-    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     row = next(r for r in data["mapping"] if r["old"] and r["old"][0]["subject"] == "tweak-beta")
     assert row["status"] == "absorbed" and row["upstream_commit"] == taken
 
@@ -282,7 +289,7 @@ def reference_bump(tmp_path_factory):
         ref = make_fork(tmp, name="reference")
         ref.stack(STACK)
         upstream_v2(ref)
-        data = bump(ref.layout, f"git:{ref.upstream}@v2", log=quiet, test_runner=no_runner)
+        data = bump(ref.layout, f"git:{ref.upstream}@v2", log=quiet, test_runner=passing)
     finally:
         os.environ.pop("FORK_REBASE_CACHE") if old is None else os.environ.update(FORK_REBASE_CACHE=old)
     rows = [(r["status"], [c["subject"] for c in r["old"]], [c["subject"] for c in r["new"]], r["note"])
@@ -298,7 +305,7 @@ def test_killed_bump_continues_to_the_same_result(tmp_path, cache, point, refere
     _killed_bump(fork, cache, point)
     if point == "git:2":
         assert (fork.work / ".git" / "rebase-merge").is_dir()  # really killed inside git
-    data = bump_continue(fork.layout, log=quiet, test_runner=no_runner)
+    data = bump_continue(fork.layout, log=quiet, test_runner=passing)
     files, commit, rows = reference_bump
     assert fork.patch_files() == files
     assert load_pin(fork.layout.pin).commit == commit
@@ -344,7 +351,7 @@ def test_abort_after_failed_tests_restores_the_materialized_tree(tmp_path, cache
     materialized = (fork.root / B).read_text()
     bump_stops(fork)
     resolve_beta(fork, "beta line 5 broken")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     assert "beta line 5 broken" in (fork.root / B).read_text()  # tests ran against the bumped tree
     bump_abort(fork.layout, log=quiet)
@@ -382,7 +389,7 @@ def test_finished_bump_puts_back_the_tree_the_last_apply_built(tmp_path, cache):
     fork, before = resolved_at_its_stop_keeping(tmp_path, "beta line 5 both")
     seen, logs = [], []
     bump_continue(fork.layout, log=logs.append, test_runner=_passing_runner_seeing(seen))
-    assert len(seen) == 1 and "beta line 5 both" in seen[0]  # the tests ran on the bumped tree
+    assert len(seen) == 3 and all("beta line 5 both" in x for x in seen)  # every patch's, on the bumped tree
     assert _package_files(fork) == before  # then megatron/ is what the last apply built again
     assert "0+bump.testing" not in (fork.layout.package / "core" / "package_info.py").read_text()
     assert any("apply` to materialize megatron/" in m for m in logs)
@@ -394,7 +401,7 @@ def test_tests_run_again_after_a_fix_still_give_back_the_pre_bump_tree(tmp_path,
     # The copy is taken once: the second test run (after a fix at the test stop) must not save
     # the tree the first run wrote.
     fork, before = resolved_at_its_stop_keeping(tmp_path, "beta line 5 broken")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     assert "beta line 5 broken" in (fork.root / B).read_text()
     text = (fork.work / B).read_text()
@@ -402,7 +409,7 @@ def test_tests_run_again_after_a_fix_still_give_back_the_pre_bump_tree(tmp_path,
     sh("git", "commit", "-q", "-a", "--amend", "--no-edit", cwd=fork.work)
     seen = []
     bump_continue(fork.layout, log=quiet, test_runner=_passing_runner_seeing(seen))
-    assert len(seen) == 1 and "beta line 5 both" in seen[0]
+    assert len(seen) == 3 and all("beta line 5 both" in x for x in seen)
     assert _package_files(fork) == before
 
 
@@ -415,12 +422,12 @@ def test_bump_without_megatron_before_leaves_none_after(tmp_path, cache):
     resolve_beta(fork, "beta line 5 both")
     seen = []
     bump_continue(fork.layout, log=quiet, test_runner=_passing_runner_seeing(seen))
-    assert len(seen) == 1 and not fork.layout.package.exists()
+    assert len(seen) == 3 and not fork.layout.package.exists()
 
 
 def test_hand_edits_to_the_tested_tree_survive_the_finish_with_a_warning(tmp_path, cache):
     fork = resolved_at_its_stop(tmp_path, "beta line 5 broken")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=lambda l, n, ids: {i: "failed" for i in ids})
     edited = fork.layout.package / "core" / "alpha.py"
     edited.write_text(edited.read_text() + "# tried by hand\n")
@@ -450,7 +457,7 @@ def test_resolution_committed_by_hand_is_adopted_with_original_message_and_autho
         if by_hand:
             fork.stack(STACK)
         with pytest.raises(Stopped):
-            bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+            bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
         text = (fork.work / B).read_text()
         (fork.work / B).write_text(text.split("<<<<<<<")[0] + "beta line 5 both\n"
                                    + text.split(">>>>>>>")[1].split("\n", 1)[1])
@@ -473,7 +480,7 @@ def test_report_run_tests_for_the_last_bump(tmp_path, cache):
         "    assert 'alpha line 12 upstream' in (Path(__file__).parents[1] / 'megatron/core/alpha.py').read_text()\n")
     fork.stack(STACK)
     upstream_v2(fork)
-    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     proc = subprocess.run([sys.executable, "-m", "tools.rebase", "-C", str(fork.root), "report", "--run-tests",
                            "--output", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json")],
                           cwd=REPO_ROOT, env=dict(os.environ, FORK_REBASE_CACHE=str(cache)),
@@ -515,7 +522,7 @@ def test_report_names_the_old_stack_a_fresh_clone_builds(tmp_path, cache):
     fresh_tip = sh("git", "rev-parse", "HEAD", cwd=clone.work).strip()
     assert fresh_tip != hand_tip
     upstream_v2(fork)
-    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+    data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     assert data["old"]["tip"] == fresh_tip
     assert f"Old stack: {len(STACK)} patches, tip `{fresh_tip}`" in fork.layout.report_md.read_text()
 
@@ -554,7 +561,7 @@ def test_skipped_tests_next_to_passing_ones_do_not_stop_the_bump(tmp_path, cache
 def test_a_patch_whose_tests_all_skip_stops_as_could_not_run(tmp_path, cache):
     stops_on_its_tests_then_finishes_without_them(
         tmp_path, "beta line 5 both", "skipped",
-        r"could not run \(the environment.*\n  tweak-beta: every Tests: id was skipped")
+        r"could not run \(the environment.*\n(  .*\n)*  tweak-beta: every Tests: id was skipped")
 
 
 def test_tests_of_resolved_patches_see_the_new_bases_pin(tmp_path, cache):

@@ -90,7 +90,7 @@ def test_bump_with_resolutions_from_a_line_records_them_as_its_own(tmp_path, cac
          test_runner=lambda lay, name, ids: ran.append(name) or passing(lay, name, ids))
     (said,) = [m for m in logged if m.startswith("  tweak-beta: conflict resolved by a recorded resolution of line ahead")]
     assert "(lines/ahead/patches/resolutions/tweak-beta/" in said  # the lender's recording, named
-    assert ran == ["tweak-beta"]  # a reused resolution is tested like any other
+    assert ran == ["keep-alpha", "tweak-beta"]  # every patch's tests, the reused resolution's too
     assert fork.patch_files() == line.patch_files()  # same resolution, same stack
     own = sorted(p.name for p in (fork.layout.resolutions / "tweak-beta").iterdir())
     assert own == sorted(p.name for p in (line.layout.resolutions / "tweak-beta").iterdir())

@@ -57,7 +57,7 @@ def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch
     with pytest.raises(Stopped):
         bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=fitted_runner(fork))
     resolve_conflict(fork.work, B, "beta line 5 upstream and fork")
-    with pytest.raises(Stopped, match="tests of patches whose conflicts were resolved fail"):
+    with pytest.raises(Stopped, match="tests fail on the bumped stack"):
         bump_continue(fork.layout, log=quiet, test_runner=fitted_runner(fork))
     amend_first_patch(fork)
     bump_continue(fork.layout, log=quiet, test_runner=fitted_runner(fork))
@@ -72,7 +72,7 @@ def test_amendment_at_a_test_stop_replays_on_the_next_bump(tmp_path, monkeypatch
     assert not dry["would_stop"]
     ran = []
     data = bump(clone.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=fitted_runner(clone, ran))
-    assert ran == ["keep-alpha", "tweak-beta"]  # the edited clean merge is tested like a resolution
+    assert ran == ["keep-alpha", "tweak-beta", "new-module"]  # every patch's, on the stack with the edit
     assert clone.patch_files() == after
     row = next(r for r in data["mapping"] if r["new"] and r["new"][0]["subject"] == "keep-alpha")
     assert "resolved by a recorded resolution (edits of a clean merge)" in row["note"]

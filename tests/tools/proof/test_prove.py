@@ -100,11 +100,11 @@ def test_verdicts_dropped_dependents_and_untouched_checkout(fork):
 def test_cli_prints_the_table_and_fails_on_an_unproven_patch(fork, capsys):
     assert main(["-C", str(fork.root), "prove", "alpha-seventy", "0004"]) == 0
     out = capsys.readouterr().out
-    assert "| patch | tests run | failed without it | verdict | note |" in out
-    assert "| alpha-seventy | 1 | 1 | proven | also dropped (need it): alpha-seventy-one |" in out
+    assert "| patch | tests run | failed without it | failed with it | verdict | note |" in out
+    assert "| alpha-seventy | 1 | 1 | 0 | proven | also dropped (need it): alpha-seventy-one |" in out
     assert main(["-C", str(fork.root), "prove", "beta-extra"]) == 1
     captured = capsys.readouterr()
-    assert "| beta-extra | 1 | 0 | unproven |" in captured.out
+    assert "| beta-extra | 1 | 0 | 0 | unproven |" in captured.out
     assert "1 unproven patch(es): beta-extra" in captured.err
 
 
@@ -223,6 +223,7 @@ def test_jobs_give_the_serial_verdicts_in_the_serial_order(fork):
     before = fork.snapshot(), _tree_digest(fork.root / "megatron"), _tree_digest(fork.work / ".git")
     serial_log, parallel_log = [], []
     serial = prove(fork.layout, log=serial_log.append)
+    (fork.layout.cache / "test-results.json").unlink()  # the whole-stack runs too, in parallel this time
     parallel = prove(fork.layout, log=parallel_log.append, jobs=3)
     assert [asdict(p) for p in parallel] == [asdict(p) for p in serial]
     assert parallel_log == serial_log and len(serial_log) == 4

@@ -1,16 +1,22 @@
 """Post-merge lint: catch a clean 3-way merge that silently broke a Python file.
 
 A textual merge can succeed and still leave, say, two definitions of the same dataclass field
-(upstream added it, our patch added it too, at different spots). After each replayed patch the
-Python files it touches are parsed and checked for: does not compile; a name defined twice in one
-class body or at module level; a function defined twice. Only findings that are new are reported:
-one already present in the new upstream file or in the patch's own old version is upstream's (or
-our) style, not merge damage.
+(upstream added it, our patch added it too, at different spots), a name the resolution no longer
+defines, or an import of a name the new base renamed. After each replayed patch the Python files
+it touches are parsed and checked for: does not compile; a name defined twice in one class body
+or at module level; a function defined twice; an undefined name (pyflakes); a name imported from
+``megatron`` that the revision's tree does not define, and a call ``module.func()`` of a function
+it does not define (``namecheck.py``, resolved statically from git, nothing imported). Only
+findings that are new are reported: one already present in the baselines' version of the file
+(the new upstream file, the patch's own old version), checked against the baseline's own tree, is
+upstream's (or our) state, not merge damage.
 """
 
 import ast
+import hashlib
 from dataclasses import dataclass
 
+from tools.rebase.analysis.namecheck import ModuleIndex, broken_imports, undefined_names
 from tools.rebase.git.gitcmd import cat_objects, git
 
 # Decorators that legitimately redefine a name (property accessors, overloads, dispatch).
@@ -23,7 +29,7 @@ class Finding:
     line: int
     scope: str  # "module" or "class Name"
     name: str
-    what: str  # "syntax", "duplicate"
+    what: str  # "syntax", "duplicate", "undefined", "import-missing", "call-missing"
 
     @property
     def key(self) -> tuple:
@@ -32,6 +38,12 @@ class Finding:
     def __str__(self) -> str:
         if self.what == "syntax":
             return f"{self.path}:{self.line}: does not compile: {self.name}"
+        if self.what == "undefined":
+            return f"{self.path}:{self.line}: undefined name {self.name!r}"
+        if self.what == "import-missing":
+            return f"{self.path}:{self.line}: imports {self.name!r} from {self.scope}, which does not define it"
+        if self.what == "call-missing":
+            return f"{self.path}:{self.line}: calls {self.scope}.{self.name}(), which does not exist"
         return f"{self.path}:{self.line}: {self.name!r} is defined twice in {self.scope}"
 
     def to_json(self) -> dict:
@@ -74,17 +86,46 @@ def _body_findings(path, body, scope, in_class, out):
             _body_findings(path, stmt.body, f"class {stmt.name}", True, out)
 
 
-def lint_source(path: str, text: str) -> list:
-    """All findings in one file's text (not yet filtered against a baseline)."""
+def lint_source(path: str, text: str, index=None, imports_only=False) -> list:
+    """All findings in one file's text (not yet filtered against a baseline); ``index`` (a
+    ``namecheck.ModuleIndex`` of the revision the file belongs to) adds the import checks, which
+    are all there is with ``imports_only`` (the others depend on the text alone)."""
     try:
         tree = ast.parse(text, filename=path)
     except SyntaxError as exc:
-        return [Finding(path, exc.lineno or 0, "module", exc.msg, "syntax")]
+        return [] if imports_only else [Finding(path, exc.lineno or 0, "module", exc.msg, "syntax")]
     except ValueError as exc:  # e.g. NUL bytes
-        return [Finding(path, 0, "module", str(exc), "syntax")]
-    out = []
-    _body_findings(path, tree.body, "module", False, out)
+        return [] if imports_only else [Finding(path, 0, "module", str(exc), "syntax")]
+    imports = [] if index is None else [Finding(path, p.line, p.detail, p.name, p.what)
+                                        for p in broken_imports(tree, path, index)]
+    if imports_only:
+        return _first_of_each(imports)
+    key = (path, hashlib.sha1(text.encode("utf-8", "replace")).hexdigest())
+    if key not in _TEXT_FINDINGS:  # the same blob comes back for every patch that touches it
+        out = []
+        _body_findings(path, tree.body, "module", False, out)
+        out += [Finding(path, p.line, "module", p.name, p.what) for p in undefined_names(tree, path)]
+        _TEXT_FINDINGS[key] = out
+    return _first_of_each(_TEXT_FINDINGS[key] + imports)
+
+
+_TEXT_FINDINGS = {}  # (path, sha1 of the text) -> findings that depend on the text alone
+
+
+def _first_of_each(findings: list) -> list:
+    """One finding per kind and name (pyflakes reports every use of an undefined name); the
+    duplicate and syntax findings, which name their own lines, all stay."""
+    seen, out = set(), []
+    for f in sorted(findings, key=lambda f: f.line):
+        if f.what in ("syntax", "duplicate") or f.key not in seen:
+            seen.add(f.key)
+            out.append(f)
     return out
+
+
+def _indexes(repo, revs) -> dict:
+    """One ``ModuleIndex`` per revision (shared by the files of one check)."""
+    return {rev: ModuleIndex(repo, rev) for rev in revs}
 
 
 def read_blobs(repo, specs: list) -> dict:
@@ -108,16 +149,21 @@ def python_files_changed(repo, parent: str, commit: str) -> list:
     return [p for p in out.split() if p.endswith(".py")]
 
 
-def _new_findings(repo, path: str, text: str, baselines) -> list:
-    """Findings in ``text`` not present in the baselines' version of ``path`` (read only when needed)."""
-    found = lint_source(path, text)
+def _new_findings(repo, path: str, text: str, baselines, rev: str, indexes=None, imports_only=False) -> list:
+    """Findings in ``text`` (``path`` at revision ``rev``) not present in the baselines' version of
+    ``path``, each checked against its own revision's tree (read only when needed)."""
+    indexes = indexes if indexes is not None else {}
+    for r in (rev, *baselines):
+        indexes.setdefault(r, ModuleIndex(repo, r))
+    found = lint_source(path, text, indexes[rev], imports_only)
     if not found or not baselines:
         return found
-    blobs = read_blobs(repo, [f"{rev}:{path}" for rev in baselines])
+    blobs = read_blobs(repo, [f"{b}:{path}" for b in baselines])
     known = set()
-    for ref_text in blobs.values():
+    for b in baselines:
+        ref_text = blobs.get(f"{b}:{path}")
         if ref_text is not None:
-            known |= {f.key for f in lint_source(path, ref_text)}
+            known |= {f.key for f in lint_source(path, ref_text, indexes[b], imports_only)}
     return [f for f in found if f.key not in known]
 
 
@@ -129,11 +175,11 @@ def lint_change(repo, parent: str, commit: str, baselines=()) -> list:
     """
     paths = python_files_changed(repo, parent, commit)
     blobs = read_blobs(repo, [f"{commit}:{p}" for p in paths])
-    found = []
+    found, indexes = [], {}
     for p in paths:
         text = blobs.get(f"{commit}:{p}")
         if text is not None:
-            found += _new_findings(repo, p, text, baselines)
+            found += _new_findings(repo, p, text, baselines, commit, indexes)
     return found
 
 
@@ -155,19 +201,21 @@ def first_broken(repo, base: str, head: str, baselines_of) -> tuple:
                 ids[f"{c.commit}:{path}"] = fields[3]  # the merged file's blob id
         steps.append((c.commit, paths))
     # A merged file identical to a reference version (the patch's old result, or upstream's file)
-    # cannot hold a new finding: only the others are read and parsed.
+    # cannot hold a new finding of its own text: only its imports, which resolve against another
+    # tree now, are checked again.
     refs = {c: tuple(baselines_of(c)) for c, _ in steps}
     ids.update(blob_ids(repo, [f"{rev}:{p}" for c, paths in steps for p in paths for rev in refs[c]]))
-    todo = [f"{c}:{p}" for c, paths in steps for p in paths
-            if ids[f"{c}:{p}"] and ids[f"{c}:{p}"] not in {ids[f"{rev}:{p}"] for rev in refs[c]}]
-    blobs = read_blobs(repo, todo)
-    parent = base
+    same = {f"{c}:{p}" for c, paths in steps for p in paths
+            if ids[f"{c}:{p}"] in {ids[f"{rev}:{p}"] for rev in refs[c]}}
+    blobs = read_blobs(repo, [f"{c}:{p}" for c, paths in steps for p in paths if ids[f"{c}:{p}"]])
+    parent, indexes = base, {}
     for commit, paths in steps:
         found = []
         for p in paths:
             text = blobs.get(f"{commit}:{p}")
             if text is not None:
-                found += _new_findings(repo, p, text, baselines_of(commit))
+                found += _new_findings(repo, p, text, baselines_of(commit), commit, indexes,
+                                       imports_only=f"{commit}:{p}" in same)
         if found:
             return commit, parent, found
         parent = commit
@@ -180,6 +228,8 @@ def lint_worktree(repo, paths: list, baselines=()) -> list:
 
     found = []
     blobs = read_blobs(repo, [f"{rev}:{p}" for p in paths for rev in baselines])
+    # The files are resolved against HEAD (the stack so far, under the resolution being made).
+    indexes = _indexes(repo, ("HEAD", *baselines))
     for p in paths:
         if not p.endswith(".py"):
             continue
@@ -190,6 +240,13 @@ def lint_worktree(repo, paths: list, baselines=()) -> list:
         for rev in baselines:
             ref_text = blobs.get(f"{rev}:{p}")
             if ref_text is not None:
-                known |= {x.key for x in lint_source(p, ref_text)}
-        found += [x for x in lint_source(p, f.read_text(errors="replace")) if x.key not in known]
+                known |= {x.key for x in lint_source(p, ref_text, indexes[rev])}
+        found += [x for x in lint_source(p, f.read_text(errors="replace"), indexes["HEAD"]) if x.key not in known]
     return found
+
+
+def lint_stack(repo, base: str, tip: str, baselines=()) -> list:
+    """New findings in every Python file ``base..tip`` touches, as it is at ``tip`` (the finished
+    stack): what one patch broke in a file another patch touched shows up here."""
+    found = lint_change(repo, base, tip, baselines=baselines)
+    return sorted(found, key=lambda f: (f.path, f.line))

@@ -50,7 +50,8 @@ class Bump(StartPhase, PremiseGate, ReplayPhase, AbsorbedBy, LintGate, ConflictS
     of its phases; the phases themselves are the mixins."""
 
     def __init__(self, layout, log=print, test_runner=pytest_runner, hook=env_hook, run_tests=True,
-                 resolutions_from=None, allow_downgrade=False, lend_home=None, allow_broken_premise=False):
+                 resolutions_from=None, allow_downgrade=False, lend_home=None, allow_broken_premise=False,
+                 jobs=None):
         self.layout = layout
         self.allow_downgrade = allow_downgrade  # onto an older or lower-versioned base: refused unless set
         self.resolutions_from = resolutions_from  # another line's Layout: its resolutions are reused too
@@ -61,7 +62,8 @@ class Bump(StartPhase, PremiseGate, ReplayPhase, AbsorbedBy, LintGate, ConflictS
         self.log = log
         self.test_runner = test_runner
         self.hook = hook
-        self.run_tests = run_tests
+        self.run_tests = run_tests  # False: --no-tests (kept in the journal for every --continue)
+        self.jobs = jobs  # the finishing gate's parallel test runs (None: the journal's, else 1)
         self.j = None
 
     # -- journal helpers
@@ -77,6 +79,7 @@ class Bump(StartPhase, PremiseGate, ReplayPhase, AbsorbedBy, LintGate, ConflictS
         phase = self.j.phase
         if drop and phase != "stopped":
             raise RebaseError("--drop applies only while the bump is stopped at a conflicting patch")
+        self._options_from_journal()
         if take_from is not None:
             self._take_lent(take_from)  # the other line's files staged: continued as a resolution
         if self.j.new_base is None:  # killed while importing the new base: start that step again
@@ -88,6 +91,23 @@ class Bump(StartPhase, PremiseGate, ReplayPhase, AbsorbedBy, LintGate, ConflictS
         elif phase == "tests-failed":
             self._continue_tests_failed()
         return self._run()
+
+    def _options_from_journal(self):
+        """``--continue`` takes the options the bump started with from the journal: ``--no-tests``
+        given at the start (or at any ``--continue``) stays on, ``--jobs`` given again replaces
+        the recorded count, and the ``--mirror`` of the new base's URL is used again."""
+        j = self.j
+        j.run_tests = j.run_tests and self.run_tests
+        self.run_tests = j.run_tests
+        j.jobs = self.jobs or j.jobs
+        self.jobs = j.jobs
+        if j.mirror:
+            from tools.rebase.stack.gitsource import MIRRORS, use_mirror
+
+            url = _pin_from_toml(j.new_pin).url
+            if url not in MIRRORS:
+                use_mirror(url, j.mirror)
+        self._save()
 
     def _run(self):
         """Replay stretch after stretch until the end or a stop, then test and finish."""

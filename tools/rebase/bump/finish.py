@@ -16,6 +16,7 @@ from tools.rebase.bump.prepare import _base_label, _pin_from_toml
 from tools.rebase.git.gitcmd import git
 from tools.rebase.git.safefs import write_file
 from tools.rebase.report.report import build_report, write_report
+from tools.rebase.stack.drops import read_drops
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.stack import prefetch_export
 
@@ -80,7 +81,9 @@ class FinishPhase:
             _to_branch(work, j.tip)
             patches = _export(layout, j.new_base, j.tip)
             self.hook("after-export")
-            rr.prune(layout.resolutions, {p.name for p in patches})
+            # A line keeps the resolutions of the patches it drops on purpose: its next refresh
+            # brings them back (seed), and a drop taken back needs them again.
+            rr.prune(layout.resolutions, {p.name for p in patches} | set(read_drops(layout)))
             from tools.rebase.proof.listing import BEGIN, read_readme, update_readme
 
             readme = layout.readme

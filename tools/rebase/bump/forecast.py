@@ -126,6 +126,9 @@ def forecast(layout, spec: str, resolutions_from=None) -> dict:
         def _finish(self):  # no pin, export or report: the forecast is the product
             return None
 
+        def _lint_finished_stack(self):  # each patch was linted as it was replayed; stops are dropped
+            return None
+
     if not layout.pin.is_file():
         raise RebaseError(f"{layout.pin}: upstream pin file is missing")
     refusals = _would_refuse(layout)

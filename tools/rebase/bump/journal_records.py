@@ -143,6 +143,12 @@ class Journal:
     materialized: bool = False  # megatron/ was rewritten for the tests
     tests: dict = field(default_factory=dict)  # Patch-Name -> {node id: result}
     resolutions_from: str = ""  # the line whose recorded resolutions were loaded too (bump --resolutions-from)
+    # The options the bump was started with, kept for `bump --continue` (which takes none of them
+    # again): run the Tests: (off with --no-tests, at the start or at any --continue), the local
+    # mirror of the new base's URL, the finishing gate's parallel test runs.
+    run_tests: bool = True
+    mirror: str = ""
+    jobs: int = 1
     version: int = JOURNAL_VERSION
 
     def validate(self, where: str = "journal") -> None:
@@ -169,6 +175,10 @@ class Journal:
                    f"{name} names no patch of the stack")
         _check(isinstance(self.materialized, bool), "materialized is not true/false")
         _check(isinstance(self.resolutions_from, str), "resolutions_from is not a line name")
+        _check(isinstance(self.run_tests, bool), "run_tests is not true/false")
+        _check(isinstance(self.mirror, str), "mirror is not a path")
+        _check(isinstance(self.jobs, int) and not isinstance(self.jobs, bool) and self.jobs >= 1,
+               "jobs is not a count >= 1")
         _check(isinstance(self.tests, dict) and all(isinstance(v, dict) for v in self.tests.values()),
                "tests is not a map of patch names to results")
 

@@ -35,12 +35,14 @@ def report_last_bump(lay, run_tests=False, log=None):
     from tools.rebase.bump.journal import last_bump_dir
 
     path = last_bump_dir(lay) / "record.json"
+    record = None
     if path.is_file():
         try:
             record = json.loads(path.read_text())
         except ValueError as exc:
             raise RebaseError(f"{path} is corrupt ({exc}); delete it to rebuild the record from git history") from None
-    else:  # a fresh clone: rebuild it from the commit that moved the pin and the committed report
+        record = _current_or_forgotten(lay, record, log)
+    if record is None:  # a fresh clone: rebuild it from the commit that moved the pin and the committed report
         from tools.rebase.bump.lastbump import record_from_history
 
         record = record_from_history(lay, _stack_at)
@@ -57,6 +59,31 @@ def report_last_bump(lay, run_tests=False, log=None):
                               "compare states with --old REV [--new REV] instead")
         tests = _tests_for(lay.work, record["new_base"], record["new_tip"], lay.root)
     return report_from_record(lay.work, record, tests=tests)
+
+
+def _current_or_forgotten(lay, record: dict, log):
+    """The record, or None once it is forgotten: a record whose new pin is not the checkout's
+    describes a bump that was taken back (its printed undo puts the old pin and patches back),
+    so it is removed and the report comes from the checkout's history instead."""
+    import shutil
+
+    from tools.rebase.bump.journal import last_bump_dir
+    from tools.rebase.bump.prepare import _pin_from_toml
+    from tools.rebase.stack.pin import load_pin
+
+    try:
+        current = _pin_from_toml(record["new_pin"]) == load_pin(lay.pin)
+    except (KeyError, TypeError, ValueError, RebaseError) as exc:
+        raise RebaseError(f"{last_bump_dir(lay) / 'record.json'} is corrupt ({exc}); delete it to rebuild "
+                          f"the record from git history") from None
+    if current:
+        return record
+    shutil.rmtree(last_bump_dir(lay))
+    if log is not None:
+        log(f"report: the last bump recorded on this machine (onto {_pin_from_toml(record['new_pin']).display}) "
+            f"was undone (the pin is {load_pin(lay.pin).display} again): its record is removed; the report "
+            f"is rebuilt from the checkout's history")
+    return None
 
 
 def _reused_tests_note(lay, tests: dict) -> str:

@@ -16,6 +16,13 @@ from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.source import import_base
 
 
+def _mirror_of(pin) -> str:
+    """The ``--mirror`` given for the new base's URL (kept for ``--continue``), else ""."""
+    from tools.rebase.stack.gitsource import MIRRORS
+
+    return MIRRORS.get(pin.url, "") if pin.kind == "git" else ""
+
+
 class StartPhase:
     """Mixin of ``Bump`` (uses ``layout``, ``work``, ``log``, ``hook``, ``j``, ``_save``, ``_run``)."""
 
@@ -51,6 +58,7 @@ class StartPhase:
             old_base=old_base, old_tip=old_tip, old_head=old_head, commits=commits, names=names,
             dates=[d for _, _, d in described],
             resolutions_from=self.resolutions_from.line if self.resolutions_from else "",
+            run_tests=bool(self.run_tests), jobs=self.jobs or 1, mirror=_mirror_of(new_pin),
         ))
         self.hook("after-backup")
         loaded = self._import_new_base(new_pin)

@@ -25,7 +25,10 @@ def register(sub):
                    help="with --continue: resolve the stop with line LINE's version of the patch (the "
                         "stop names the lines whose version applies; `release` is the top-level line)")
     p.add_argument("--no-tests", action="store_true",
-                   help="do not re-run the Tests: of patches whose conflicts were resolved")
+                   help="do not run the patches' Tests: on the bumped stack (kept for every --continue)")
+    p.add_argument("--jobs", type=int, metavar="J",
+                   help="run the finishing gate's tests in J pytest processes at once (kept for every "
+                        "--continue; default 1)")
     p.add_argument("--mirror", metavar="PATH",
                    help="with --onto git:URL@ref: fetch URL's objects from this local repository; the pin "
                         "still records URL")
@@ -74,6 +77,8 @@ def _cmd_bump(args, lay):
         raise RebaseError("--allow-downgrade goes with --onto SPEC")
     if args.allow_broken_premise and not args.onto:
         raise RebaseError("--allow-broken-premise goes with --onto SPEC")
+    if args.jobs is not None and (args.jobs < 1 or args.abort or args.dry_run):
+        raise RebaseError("--jobs takes a count >= 1 and goes with --onto or --continue (not --dry-run)")
     if (args.output or args.json) and not args.dry_run:
         raise RebaseError("--output and --json go with --dry-run")
     lender = _resolutions_lender(args, lay)
@@ -94,10 +99,12 @@ def _cmd_bump(args, lay):
         if args.abort:
             bump_abort(lay)
         elif args.cont:
-            bump_continue(lay, drop=args.drop, take_from=args.take_from, run_tests=not args.no_tests)
+            bump_continue(lay, drop=args.drop, take_from=args.take_from, run_tests=not args.no_tests,
+                          jobs=args.jobs)
         else:
             bump(lay, args.onto, run_tests=not args.no_tests, resolutions_from=lender,
-                 allow_downgrade=args.allow_downgrade, allow_broken_premise=args.allow_broken_premise)
+                 allow_downgrade=args.allow_downgrade, allow_broken_premise=args.allow_broken_premise,
+                 jobs=args.jobs)
     except Stopped as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ with ``prove``; the maintainer refreshes the records at release or bump time, wh
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
 from tools.rebase.git.safefs import read_nofollow
-from tools.rebase.stack.drops import lint_drops
+from tools.rebase.stack.drops import lint_drops, read_drops
 from tools.rebase.stack.pin import load_pin
 from tools.rebase.stack.recordings import is_merge_edit, recorded_path
 from tools.rebase.stack.series import (
@@ -77,8 +77,8 @@ def lint_series(layout):
 
 def lint_resolutions(layout, patches) -> list:
     """Recorded resolutions a bump would load: ``resolutions/<Patch-Name>/<id>/`` real folders
-    holding a ``preimage`` and a ``postimage``, for patches of the series only (``patches``: the
-    parsed series). Each is a rerere recording (its preimage holds conflict markers) or an edit of
+    holding a ``preimage`` and a ``postimage``, for patches of the series (``patches``: the
+    parsed series) or of the line's ``patches/dropped``. Each is a rerere recording (its preimage holds conflict markers) or an edit of
     a cleanly merged file (keyed by its preimage's blob id) that names a file its patch changes."""
     files_of = {p.name: p for p in patches}
     store = layout.resolutions
@@ -89,13 +89,17 @@ def lint_resolutions(layout, patches) -> list:
         return []
     if not store.is_dir():
         return [f"{shown}: is not a folder"]
+    try:  # a line keeps the resolutions of the patches it drops on purpose (its next refresh meets them)
+        dropped = read_drops(layout)
+    except RebaseError:  # lint_drops reports it
+        dropped = {}
     problems = []
     for patch_dir in sorted(store.iterdir()):
         where = f"{shown}/{patch_dir.name}"
         if patch_dir.is_symlink() or not patch_dir.is_dir():
             problems.append(f"{where}: must be a real folder named after a Patch-Name")
             continue
-        if patch_dir.name not in files_of:
+        if patch_dir.name not in files_of and patch_dir.name not in dropped:
             problems.append(f"{where}: no patch of the series is named {patch_dir.name!r}")
         for entry in sorted(patch_dir.iterdir()):
             here = f"{where}/{entry.name}"
@@ -134,6 +138,26 @@ def _lint_recording(here: str, entry, patch) -> list:
     return []
 
 
+def bump_in_progress(layout) -> list:
+    """The one problem to report while a bump is in progress, else []: ``patches/`` and the
+    recorded resolutions are half-way between two bases (the pin and series the old ones, the
+    resolutions partly the new base's), so checking them would report the bump's own work as
+    problems, and building the stack would disturb the work repo the bump is stopped in."""
+    journal = layout.bump_journal
+    if not journal.is_file():
+        return []
+    import json
+
+    try:
+        data = json.loads(journal.read_text())
+        onto, phase = str(data["onto"]), str(data["phase"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        onto, phase = "a new base", "journal unreadable"
+    return [f"a bump onto {onto} is in progress ({phase}; {layout.rel(journal)}): nothing is checked until "
+            f"it ends; `python -m tools.rebase bump{layout.line_flag} --continue` finishes it, "
+            f"`bump{layout.line_flag} --abort` restores the state before it"]
+
+
 BASELESS_NOTE = "base-less check: series and resolutions linted; apply/export not verified"
 
 
@@ -141,6 +165,9 @@ def check_without_base(layout, log=print, strict_records: bool = False) -> list:
     """``check --no-base``: what can be verified with no upstream base at hand (CI cannot fetch a
     line's upstream commit): pin syntax, series, patch files and trailers, Tests: ids, recorded
     resolutions and the proof record. Strict apply and export equality need the base."""
+    busy = bump_in_progress(layout)
+    if busy:
+        return busy
     try:
         pin = load_pin(layout.pin)
     except RebaseError as exc:
@@ -201,7 +228,9 @@ def warn_unexported(layout, log) -> None:
 def check(layout, log=print, strict_records: bool = False) -> list:
     """Return the list of problems (empty means the stack is healthy); records for another stack
     are logged as STALE, or are problems with ``strict_records``."""
-    problems = []
+    problems = bump_in_progress(layout)
+    if problems:
+        return problems
     try:
         pin = load_pin(layout.pin)
     except RebaseError as exc:

@@ -8,8 +8,10 @@ tests the installed ``megatron`` instead, and the verdict would depend on the en
 :func:`isolated_env` gives a child interpreter an environment without inherited import paths
 (``PYTHONPATH``, user site, startup files) whose ``PYTHONPATH`` is the tree followed by a
 directory holding the ``sitecustomize`` below. Python imports it after the site ``.pth`` files
-have run, so it can undo what they did: it drops import hooks that resolve one of the tree's
-top-level packages outside the tree, forgets such modules if a ``.pth`` already imported them,
+have run, so it can undo what they did: it wraps every import hook so that none resolves a module
+of the tree's top-level packages (at any depth: an editable install maps ``megatron.core``, so a
+module the tree lacks would be found in the installed checkout) outside the tree, forgets such
+modules if a ``.pth`` already imported them,
 and puts the tree first on ``sys.path``; then it runs the ``sitecustomize`` it shadows, if any.
 Children of the child (spawned ranks, ``subprocess`` tests) inherit the environment, so they are
 isolated the same way.
@@ -49,17 +51,30 @@ def _isolate(root):
 
     standard = (importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter,
                 importlib.machinery.PathFinder)
-    for finder in list(sys.meta_path):
-        if finder in standard or not hasattr(finder, "find_spec"):
-            continue
-        for name in names:
+
+    class _TreeOnly:
+        """Wraps an import hook: for the tree's packages and every module under them, the hook's
+        answer is taken only when it lies inside the tree (an editable install maps
+        ``megatron.core`` and its submodules, not ``megatron``: a module the tree lacks would
+        otherwise be found in the installed checkout)."""
+
+        def __init__(self, hook):
+            self.hook = hook
+
+        def find_spec(self, fullname, path=None, target=None):
             try:
-                spec = finder.find_spec(name, None)
-            except Exception:
-                continue
-            if elsewhere(spec):
-                sys.meta_path.remove(finder)
-                break
+                spec = self.hook.find_spec(fullname, path, target)
+            except TypeError:  # a hook written without the optional target argument
+                spec = self.hook.find_spec(fullname, path)
+            if fullname.split(".")[0] in names and elsewhere(spec):
+                return None
+            return spec
+
+        def __getattr__(self, attr):
+            return getattr(self.hook, attr)
+
+    sys.meta_path[:] = [f if f in standard or not hasattr(f, "find_spec") else _TreeOnly(f)
+                        for f in sys.meta_path]
     for name in list(sys.modules):
         if name.split(".")[0] in names:
             module = sys.modules[name]

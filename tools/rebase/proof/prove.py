@@ -1,12 +1,19 @@
-"""``prove``: every patch is needed -- its ``Tests:`` fail on the stack built without it.
+"""``prove``: every patch is needed and right -- its ``Tests:`` fail on the stack built without
+it and pass on the whole stack.
 
-For each patch the stack is rebuilt without it in a scratch repository that borrows the work
-repo's objects read-only (git alternates), so nothing is re-imported. Later patches that no
+First the chosen patches' tests run once on the whole stack (``prove_with.py``: in parallel,
+reusing cached results of an unchanged stack; a failing test is run on the pristine base too, to
+say whether upstream or the stack broke it); a patch with a failing test is ``fails with it``.
+Then, for each patch, the stack is rebuilt without it in a scratch repository that borrows the
+work repo's objects read-only (git alternates), so nothing is re-imported. Later patches that no
 longer apply without it are dropped too and named. The patch's tests then run in one pytest
 process against that tree's ``megatron/``, copied next to the checkout's ``tests/``. The checkout
 (work repo, ``megatron/``, ``patches/``, tool state) is never written, except ``patches/proof.json``
 and the README's Proof column with ``--record``; scratch directories are removed at the end (also
 on SIGTERM: the CLI turns it into an exit).
+
+Size: about 400 lines, one job: the builds and the test runs of a proof share the scratch repo,
+its slots and the run directories, which ``tree`` and ``prove --mutants`` reuse from here.
 """
 
 import json
@@ -28,7 +35,10 @@ from tools.rebase.stack.source import base_tag, import_base
 from tools.rebase.stack.stack import am_one, select  # noqa: F401  (select: re-exported)
 from tools.rebase.proof.isolation import isolated_env
 from tools.rebase.proof.parallel import CHILDREN, run_groups
-from tools.rebase.proof.record import GPU_ONLY, PROVEN, UNPROVEN
+from tools.rebase.proof.failures import culprit
+from tools.rebase.proof.prove_with import WithStack, run_with_stack
+from tools.rebase.proof.record import FAILS_WITH, GPU_ONLY, PROVEN, UNPROVEN
+from tools.rebase.proof.testcache import TestResults
 from tools.rebase.proof.testids import invalid_test_id, missing_test
 from tools.rebase.proof.testrun import is_under
 from tools.rebase.git.safefs import copy_entry
@@ -48,10 +58,12 @@ class Proof:
     passing: list = field(default_factory=list)  # node ids that pass without the patch (prove nothing)
     dropped: list = field(default_factory=list)  # later patches that need this one
     verdict: str = UNPROVEN
+    failed_with: list = field(default_factory=list)  # node ids that fail on the whole stack
+    with_notes: list = field(default_factory=list)  # why each fails: upstream's base or the stack
 
     @property
     def note(self) -> str:
-        notes = []
+        notes = list(self.with_notes)
         if self.dropped:
             notes.append("also dropped (need it): " + ", ".join(self.dropped))
         if self.missing:
@@ -119,6 +131,25 @@ def _pytest_once(run: Path, node_ids: list, first_failure: bool = False) -> dict
     return json.loads(report_file.read_text())
 
 
+def messages_for(node_ids: list, report: dict) -> dict:
+    """``{node id: message}`` of the first failure under each ``Tests:`` id of a plugin report."""
+    messages = report.get("messages", {})
+    out = {}
+    for node in node_ids:
+        mine = [m for test, m in messages.items()
+                if is_under(test, node) or ("::" not in test and is_under(node, test))]
+        if mine:
+            out[node] = mine[0]
+    return out
+
+
+def run_tests_detailed(run: Path, node_ids: list) -> dict:
+    """``{node id: (outcome, message)}``: :func:`run_tests` with each failure's one-line message."""
+    report = _run_report(run, node_ids)
+    outcomes, messages = outcomes_for(node_ids, report), messages_for(node_ids, report)
+    return {n: (o, messages.get(n, "") if o == "failed" else "") for n, o in outcomes.items()}
+
+
 def run_tests(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     """Run ``node_ids`` in one pytest process in ``run`` (whose megatron/ is the scratch stack).
 
@@ -127,16 +158,22 @@ def run_tests(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     ``first_failure`` (a mutant run: one failure decides) stops at the first failing test; the
     ids it never reached come back "not found".
     """
+    return outcomes_for(node_ids, _run_report(run, node_ids, first_failure))
+
+
+def _run_report(run: Path, node_ids: list, first_failure: bool = False) -> dict:
     # pytest loads a "-p NAME" plugin even after "--", so an id that is an option must never get here.
     unsafe = [n for n in node_ids if invalid_test_id(n)]
     if unsafe:
         raise RebaseError(f"prove: refusing Tests: id {unsafe[0]!r}: {invalid_test_id(unsafe[0])}")
-    report = {"outcomes": {}, "collect_errors": []}
+    report = {"outcomes": {}, "collect_errors": [], "messages": {}}
     remaining = list(node_ids)
     while remaining:
         once = _pytest_once(run, remaining, first_failure)
         report["outcomes"].update(once["outcomes"])
         report["collect_errors"] += once["collect_errors"]
+        for test, message in once.get("messages", {}).items():
+            report["messages"].setdefault(test, message)
         if first_failure and (once["collect_errors"] or "failed" in once["outcomes"].values()):
             break
         left = [n for n in remaining
@@ -144,7 +181,7 @@ def run_tests(run: Path, node_ids: list, first_failure: bool = False) -> dict:
         if not once["collect_errors"] or len(left) == len(remaining):
             break
         remaining = left
-    return outcomes_for(node_ids, report)
+    return report
 
 
 def _scratch_repo(layout, pin, tmp: Path) -> tuple:
@@ -279,6 +316,39 @@ class Slots:
         return repo, run
 
 
+def _detailed(runner):
+    """``run(run_dir, ids) -> {id: (outcome, message)}`` from a runner (a custom one gives no messages)."""
+    if runner is run_tests:
+        return run_tests_detailed
+    return lambda run, ids: {n: (o, "") for n, o in runner(run, ids).items()}
+
+
+def _with_whole_stack(layout, slots, repo, base, tip, node_ids, jobs, runner) -> WithStack:
+    """The chosen patches' tests on the whole stack (see ``prove_with``)."""
+    detailed = _detailed(runner)
+
+    def on(slot, commit, label, ids):
+        slot_repo, slot_run = slots.get(slot)
+        git("checkout", "-q", "-f", "--detach", commit, cwd=slot_repo)
+        git("clean", "-q", "-fdx", cwd=slot_repo)
+        version = f"{upstream_version(slot_repo / 'megatron/core/package_info.py')}+rl.{label}"
+        materialize(slot_repo, slot_run / "megatron", version, force=True)
+        return detailed(slot_run, ids)
+
+    tree = git("rev-parse", f"{tip}^{{tree}}", cwd=repo).strip()
+    cache = TestResults(layout, tree, layout.pin.read_text()) if runner is run_tests else None
+    return run_with_stack(cache, node_ids, jobs,
+                          run_chunk=lambda slot, ids: on(slot, tip, "with", ids),
+                          run_pristine=lambda ids: on(0, base, "pristine", ids),
+                          find_culprit=lambda message: culprit(repo, message, _upstream_commit(layout)))
+
+
+def _upstream_commit(layout) -> str:
+    """The pinned upstream commit (its history is in the work repo), or "" for an sdist pin."""
+    pin = load_pin(layout.pin)
+    return pin.commit if pin.kind == "git" else ""
+
+
 def _prove_one(repo: Path, run: Path, patches: list, index: int, start: str, runner) -> Proof:
     """The proof of ``patches[index]``, built without it (from ``start``) in ``repo``/``run``."""
     patch = patches[index]
@@ -306,24 +376,36 @@ def prove(layout, wanted=None, log=print, runner=None, jobs=1) -> list:
     chosen = select(patches, wanted)
     with scratch_stack(layout, patches, "fork-prove-") as (repo, base, commits, run):
         slots = Slots(layout, repo, run)
+        present = list(dict.fromkeys(t for i in chosen for t in patches[i].tests if missing_test(run, t) is None))
+        with_stack = _with_whole_stack(layout, slots, repo, base, commits[-1] if commits else base, present,
+                                       jobs, runner)
+        if with_stack.reused:
+            log(f"prove: {with_stack.reused} of {len(present)} test result(s) on the whole stack reused "
+                f"(same stack, tests and interpreter)")
 
         def work(slot, group, _unit):
             index = chosen[group]
             slot_repo, slot_run = slots.get(slot)
-            return _prove_one(slot_repo, slot_run, patches, index, commits[index - 1] if index else base,
-                              runner)
+            proof = _prove_one(slot_repo, slot_run, patches, index, commits[index - 1] if index else base, runner)
+            proof.failed_with = with_stack.failing(patches[index].tests)
+            proof.with_notes = with_stack.notes(patches[index].tests)
+            if proof.failed_with:
+                proof.verdict = FAILS_WITH
+            return proof
 
         def report(group, results):
             proof = results[0]
             log(f"prove: {chosen[group] + 1:04d} {proof.name}: {proof.verdict} "
-                f"({proof.failed}/{proof.tests} failed without it)" + (f"; {proof.note}" if proof.note else ""))
+                f"({proof.failed}/{proof.tests} failed without it, {len(proof.failed_with)} with it)"
+                + (f"; {proof.note}" if proof.note else ""))
 
         results = run_groups([1] * len(chosen), work, jobs, on_group=report)
     return [r[0] for r in results]
 
 
 def table(proofs: list) -> str:
-    rows = ["| patch | tests run | failed without it | verdict | note |", "|---|---|---|---|---|"]
+    rows = ["| patch | tests run | failed without it | failed with it | verdict | note |",
+            "|---|---|---|---|---|---|"]
     for p in proofs:
-        rows.append(f"| {p.name} | {p.tests} | {p.failed} | {p.verdict} | {p.note} |")
+        rows.append(f"| {p.name} | {p.tests} | {p.failed} | {len(p.failed_with)} | {p.verdict} | {p.note} |")
     return "\n".join(rows) + "\n"

@@ -14,6 +14,7 @@ from tools.rebase.stack.state import current_digest
 
 PROOF_FILE = "proof.json"
 PROVEN, UNPROVEN, GPU_ONLY = "proven", "unproven", "GPU-only"
+FAILS_WITH = "fails with it"  # its Tests: fail on the whole stack: "fails without, passes with" does not hold
 
 
 def proof_path(layout) -> Path:
@@ -56,8 +57,8 @@ def write_record(layout, proofs: list, proved_digest: str) -> Path:
 
 def _bad_entry(entry: dict):
     """Why a record entry cannot be shown (its fields reach the README table), else None."""
-    if entry.get("verdict") not in (PROVEN, UNPROVEN, GPU_ONLY):
-        return f"verdict {entry.get('verdict')!r} is not one of {PROVEN}, {UNPROVEN}, {GPU_ONLY}"
+    if entry.get("verdict") not in (PROVEN, UNPROVEN, GPU_ONLY, FAILS_WITH):
+        return f"verdict {entry.get('verdict')!r} is not one of {PROVEN}, {UNPROVEN}, {GPU_ONLY}, {FAILS_WITH}"
     for key in ("tests", "failed"):
         value = entry.get(key)
         if type(value) is not int or value < 0:
