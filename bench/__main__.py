@@ -30,6 +30,7 @@ BENCHMARKS = {
     "te_gpu_batch": ("te_gpu_batch.sh", "GPU host", "batches for a GPU host: TE tests, GPU suite, benches, mutants"),
     "line_trees": ("line_trees.sh", "CPU", "the trees a GPU run of a line carries (needs a Megatron-LM mirror)"),
     "junit_compare": ("junit_compare.py", "CPU", "compare two junit-xml runs (fork vs upstream verdicts per test)"),
+    "hand_mutants": ("hand_mutants.py", "CPU", "hand-written mutants of patches against their Tests: (killed / survived / equivalent)"),
     "rebase_bench": ("rebase_bench.py", "CPU", "bump vs raw git rebase + range-diff (target <= 1.5x)"),
     "report_bench": ("report_bench.py", "CPU", "report on a 25-patch stack across 1,200 upstream commits (target <= 2 s)"),
     "sdist_download_bench": ("sdist_download_bench.py", "CPU", "cold, hash-checked download of the pinned sdist (target < 15 s)"),
