@@ -137,12 +137,14 @@ def _grouped_experts(spec):
 
 
 def gpt(config: dict, forward: dict, seed: int = 1234, experts: str = "sequential",
-        router_gemm: str = "torch"):
+        router_gemm: str = "torch", update_expert_bias: bool = False):
     """A tiny GPTModel (local spec; MoE and MTP as ``config`` says): loss, logits, grads, state.
 
     ``experts="grouped"`` builds the routed experts as grouped experts (TEGroupedMLP);
     ``router_gemm="tf32"`` runs the router's gating GEMM at TE's precision for fp32 operands, as
-    on a GPU with Transformer Engine (on the CPU it is otherwise an exact fp32 matmul)."""
+    on a GPU with Transformer Engine (on the CPU it is otherwise an exact fp32 matmul);
+    ``update_expert_bias`` runs the end-of-batch expert-bias update after the backward and reports
+    the routers' expert biases after it (``outputs["expert_bias"]``)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -176,10 +178,19 @@ def gpt(config: dict, forward: dict, seed: int = 1234, experts: str = "sequentia
     loss = model(tokens, position_ids, mask, labels=labels, **forward)
     loss.sum().backward()
     grads = {n: _plain(p.grad) for n, p in model.named_parameters()}
+    biases = {}
+    if update_expert_bias:
+        from megatron.core.distributed.finalize_model_grads import _update_router_expert_bias
+
+        _update_router_expert_bias([model], cfg)
+        biases = {"expert_bias": torch.cat([
+            m.expert_bias.detach().flatten() for m in model.modules()
+            if getattr(m, "expert_bias", None) is not None
+        ])}
     with torch.no_grad():
         logits = model(tokens, position_ids, mask, **forward)
     return {
-        "outputs": {"loss": loss.detach(), "logits": logits.detach()},
+        "outputs": {"loss": loss.detach(), "logits": logits.detach(), **biases},
         "grads": grads,
         "state_dict": state,
     }

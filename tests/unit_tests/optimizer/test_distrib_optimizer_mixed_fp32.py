@@ -152,6 +152,7 @@ def test_each_param_maps_to_its_own_optimizer_entry(offload):
     run_distributed(_own_entries, 1, offload)
 
 
+@pytest.mark.slow
 def test_a_step_updates_the_fp32_params_through_their_shared_shards():
     run_distributed(_step_updates_fp32_params_in_place, 1)
 

@@ -7,6 +7,8 @@ grouped experts under both dispatchers. The same scenarios with the flag on must
 upstream, so the parity check is able to fail.
 """
 
+import pytest
+
 from tests.unit_tests.upstream_oracle import MOE, MTP, assert_parity_can_fail, gpt_spec, moe_bf16_specs
 
 MOE_MTP_FP32_ROUTER = gpt_spec("MoE+MTP fp32 router", **MOE, **MTP, moe_router_dtype="fp32")
@@ -17,11 +19,13 @@ WHERE_IT_MATTERS = [
 ]
 
 
+@pytest.mark.slow
 def test_torch_mm_off_equals_pristine_upstream(upstream_oracle):
     upstream_oracle.compare(
         [MOE_MTP_FP32_ROUTER, *WHERE_IT_MATTERS], fork_config={"moe_router_use_torch_mm": False}
     )
 
 
+@pytest.mark.slow
 def test_parity_fails_with_the_feature_forced_on(upstream_oracle):
     assert_parity_can_fail(upstream_oracle, WHERE_IT_MATTERS, {"moe_router_use_torch_mm": True})
