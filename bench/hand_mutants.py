@@ -164,10 +164,16 @@ def main(argv=None) -> int:
     parser.add_argument("--patches", nargs="*", help="patch numbers or names (default: all in the data)")
     parser.add_argument("--scratch", type=Path, help="an empty directory for the trees (default: a temporary one)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--ids", nargs="*", help="only these mutant ids")
     parser.add_argument("--check", action="store_true",
                         help="only check that every mutant applies to its tree (no tests run)")
     args = parser.parse_args(argv)
     mutants = load_mutants(args.data)
+    if args.ids:
+        unknown_ids = set(args.ids) - {m["id"] for m in mutants}
+        if unknown_ids:
+            raise SystemExit(f"no mutant with id {sorted(unknown_ids)} in {args.data}")
+        mutants = [m for m in mutants if m["id"] in args.ids]
     numbers = args.patches or sorted({m["patch"] for m in mutants})
     unknown = set(numbers) - {m["patch"] for m in mutants}
     if unknown:
