@@ -165,9 +165,10 @@ def gpt_spec(name: str, options=None, **config) -> dict:
 def moe_bf16_specs(**config) -> list:
     """The MoE shapes where a flag on the routed experts changes numbers: a bf16 model, with
     SequentialMLP and grouped experts, under the allgather and the alltoall dispatcher."""
+    extra = "".join(f", {key}={value}" for key, value in sorted(config.items()))
     return [
         gpt_spec(
-            f"MoE bf16 {experts} {dispatcher}",
+            f"MoE bf16 {experts} {dispatcher}{extra}",
             options={"experts": experts},
             **dict(MOE, moe_token_dispatcher_type=dispatcher, bf16=True, **config),
         )
