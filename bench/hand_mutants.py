@@ -187,12 +187,13 @@ def main(argv=None) -> int:
         for number in numbers:
             results += run_patch(number, [m for m in mutants if m["patch"] == number], scratch,
                                  check_only=args.check)
+            if args.json and not args.check:  # after each patch: a long run stopped keeps its part
+                args.json.write_text(json.dumps({"results": results, "summary": summary(results)},
+                                                indent=1) + "\n")
     if args.check:
         return 0
     lines = summary(results)
     print("\n".join(lines))
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "summary": lines}, indent=1) + "\n")
     survived = [r["id"] for r in results if r["verdict"] == "survived"]
     return 1 if survived else 0
 
