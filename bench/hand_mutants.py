@@ -64,10 +64,15 @@ def patch_file(number: str) -> Path:
 
 def build_run_dir(patch: Path, run: Path) -> None:
     """The stack up to ``patch`` in ``run``/megatron, with the checkout's tests and tool beside it."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.rebase", "tree", str(run), "--upto", patch.name],
-        cwd=ROOT, capture_output=True, text=True,
-    )
+    for _ in range(60):  # another tools.rebase command holding the checkout's lock: wait for it
+        proc = subprocess.run(
+            [sys.executable, "-m", "tools.rebase", "tree", str(run), "--upto", patch.name],
+            cwd=ROOT, capture_output=True, text=True,
+        )
+        if proc.returncode == 0 or "another tools.rebase command is running" not in proc.stderr:
+            break
+        shutil.rmtree(run / "megatron", ignore_errors=True)
+        time.sleep(30)
     if proc.returncode != 0:
         raise SystemExit(f"tree --upto {patch.name} failed:\n{proc.stdout}{proc.stderr}")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
