@@ -154,9 +154,46 @@ MOE = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_token_dispatcher_type": 
 MTP = {"mtp_num_layers": 1}
 
 
-def gpt_spec(name: str, **config) -> dict:
-    """A ``gpt`` scenario (tests/unit_tests/upstream_scenarios.py) with upstream config fields."""
-    return {"scenario": "gpt", "name": name, "config": config}
+def gpt_spec(name: str, options=None, **config) -> dict:
+    """A ``gpt`` scenario (tests/unit_tests/upstream_scenarios.py) with upstream config fields;
+    ``options`` are the scenario's own keyword arguments (``experts``, ``router_gemm``)."""
+    spec = {"scenario": "gpt", "name": name, "config": config}
+    if options:
+        spec["options"] = dict(options)
+    return spec
+
+
+def moe_bf16_specs(**config) -> list:
+    """The MoE shapes where a flag on the routed experts changes numbers: a bf16 model, with
+    SequentialMLP and grouped experts, under the allgather and the alltoall dispatcher."""
+    extra = "".join(f", {key}={value}" for key, value in sorted(config.items()))
+    return [
+        gpt_spec(
+            f"MoE bf16 {experts} {dispatcher}{extra}",
+            options={"experts": experts},
+            **dict(MOE, moe_token_dispatcher_type=dispatcher, bf16=True, **config),
+        )
+        for experts in ("sequential", "grouped")
+        for dispatcher in ("allgather", "alltoall")
+    ]
+
+
+def assert_parity_can_fail(oracle: "Oracle", specs: list, forced_on: dict) -> None:
+    """The flag-off parity check over ``specs`` is able to fail: the same scenarios with the
+    feature forced on (``forced_on``: its config fields) must differ from pristine upstream in
+    every scenario, or the scenario does not reach the code the flag switches."""
+    fork_specs = [dict(s, config=dict(s.get("config", {}), **forced_on)) for s in specs]
+    upstream, fork = oracle.run("upstream", specs), oracle.run("fork", fork_specs)
+    for spec, theirs, ours in zip(specs, upstream, fork):
+        try:
+            assert_same(theirs, ours, label=spec["name"])
+        except AssertionError as error:
+            assert "differs from pristine upstream" in str(error), error
+        else:
+            raise AssertionError(
+                f"{spec['name']}: with {forced_on} the fork still equals pristine upstream; the "
+                "parity check cannot tell the feature on from off in this scenario"
+            )
 
 
 # The shapes most parity tests need; sharing them lets the session reuse upstream's results.

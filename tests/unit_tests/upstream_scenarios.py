@@ -27,6 +27,8 @@ def _config(fields: dict):
         bf16=False,
         params_dtype=torch.float32,
     )
+    if fields.get("bf16"):
+        values["params_dtype"] = torch.bfloat16
     values.update(fields)
     return TransformerConfig(**values)
 
@@ -57,19 +59,116 @@ def _plain(value):
     return None if value is None else type(value).__name__
 
 
-def gpt(config: dict, forward: dict, seed: int = 1234):
-    """A tiny GPTModel (local spec; MoE and MTP as ``config`` says): loss, logits, grads, state."""
+class StandInGroupedLinear(torch.nn.Module):
+    """Per-expert matmuls with Transformer Engine GroupedLinear's call signature, so upstream's
+    grouped experts (TEGroupedMLP) run on the CPU, where TE is absent; seeded weights."""
+
+    def __init__(self, num_gemms, in_features, out_features, *, config, bias, skip_bias_add, **_):
+        super().__init__()
+        gen = torch.Generator().manual_seed(in_features * 7 + out_features)
+        weight = torch.randn(num_gemms, out_features, in_features, generator=gen) * 0.2
+        self.weight = torch.nn.Parameter(weight.to(config.params_dtype))
+        self.bias = None
+        if bias:
+            raise ValueError("StandInGroupedLinear: the scenarios build experts without bias")
+
+    def forward(self, x, tokens_per_expert):
+        sizes = [int(n) for n in tokens_per_expert]
+        return torch.cat([c @ w.t() for c, w in zip(torch.split(x, sizes), self.weight)]), None
+
+
+def _to_tf32(x):
+    """fp32 rounded to TF32's 10 mantissa bits (round to nearest), as TF32 tensor cores read it."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def tf32_general_gemm(a, b, out_dtype, layout="TN", bias=None, grad=False, **_):
+    """Transformer Engine's ``general_gemm`` at the precision its cuBLASLt GEMM gives fp32
+    operands (TF32 products, fp32 sums), for the three layouts the router's gating linear uses."""
+    a, b = _to_tf32(a), _to_tf32(b)
+    out = {"TN": lambda: b @ a.t(), "NN": lambda: b @ a, "NT": lambda: b.t() @ a}[layout]()
+    if bias is not None:
+        out = out + bias.float()
+    return (out.to(out_dtype),)
+
+
+class _OneCPUStream:
+    """``torch.cuda.Stream`` on the CPU, for the alltoall dispatcher's device-to-host side stream:
+    one stream, everything on it already ordered, so waits and synchronizations are no-ops."""
+
+    _the = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls._the is None:
+            cls._the = super().__new__(cls)
+        return cls._the
+
+    def wait_stream(self, stream):
+        pass
+
+    def record_event(self, event=None):
+        return self  # an event that has already happened
+
+    def synchronize(self):
+        pass
+
+
+def _cpu_streams():
+    if not torch.cuda.is_available():
+        from contextlib import nullcontext
+
+        torch.cuda.Stream = torch.cuda.current_stream = _OneCPUStream
+        torch.cuda.stream = lambda stream: nullcontext()
+
+
+def _grouped_experts(spec):
+    """``spec`` with its MoE layer's experts built as upstream's grouped experts (TEGroupedMLP over
+    stand-in grouped linears) instead of the local spec's SequentialMLP."""
+    from functools import partial
+
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, TEGroupedMLP
+
+    linears = GroupedMLPSubmodules(linear_fc1=StandInGroupedLinear, linear_fc2=StandInGroupedLinear)
+    mlp = spec.submodules.mlp  # a ModuleSpec or a partial of MoELayer, by version
+    moe = mlp.keywords["submodules"] if isinstance(mlp, partial) else mlp.submodules
+    moe.experts = partial(TEGroupedMLP, submodules=linears)
+    return spec
+
+
+def gpt(config: dict, forward: dict, seed: int = 1234, experts: str = "sequential",
+        router_gemm: str = "torch", update_expert_bias: bool = False):
+    """A tiny GPTModel (local spec; MoE and MTP as ``config`` says): loss, logits, grads, state.
+
+    ``experts="grouped"`` builds the routed experts as grouped experts (TEGroupedMLP);
+    ``router_gemm="tf32"`` runs the router's gating GEMM at TE's precision for fp32 operands, as
+    on a GPU with Transformer Engine (on the CPU it is otherwise an exact fp32 matmul);
+    ``update_expert_bias`` runs the end-of-batch expert-bias update after the backward and reports
+    the routers' expert biases after it (``outputs["expert_bias"]``)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    if router_gemm not in ("torch", "tf32") or experts not in ("sequential", "grouped"):
+        raise ValueError(f"gpt scenario: unknown router_gemm={router_gemm!r} or experts={experts!r}")
+    if router_gemm == "tf32":
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils.te_general_gemm = tf32_general_gemm
+    _cpu_streams()
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     cfg = _config(config)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
+    if experts == "grouped":
+        spec = _grouped_experts(spec)
     mtp_spec = (get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False)
                 if cfg.mtp_num_layers else None)
     model = GPTModel(cfg, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp_spec)
+    if cfg.bf16:  # as training wraps it: every parameter bf16, fp32 logits out
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(cfg, model)
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
@@ -79,10 +178,19 @@ def gpt(config: dict, forward: dict, seed: int = 1234):
     loss = model(tokens, position_ids, mask, labels=labels, **forward)
     loss.sum().backward()
     grads = {n: _plain(p.grad) for n, p in model.named_parameters()}
+    biases = {}
+    if update_expert_bias:
+        from megatron.core.distributed.finalize_model_grads import _update_router_expert_bias
+
+        _update_router_expert_bias([model], cfg)
+        biases = {"expert_bias": torch.cat([
+            m.expert_bias.detach().flatten() for m in model.modules()
+            if getattr(m, "expert_bias", None) is not None
+        ])}
     with torch.no_grad():
         logits = model(tokens, position_ids, mask, **forward)
     return {
-        "outputs": {"loss": loss.detach(), "logits": logits.detach()},
+        "outputs": {"loss": loss.detach(), "logits": logits.detach(), **biases},
         "grads": grads,
         "state_dict": state,
     }
@@ -135,7 +243,9 @@ def main(specs_json: str, out: str) -> None:
     results = []
     for spec in specs:
         _mutate(spec.get("mutation"))
-        result = SCENARIOS[spec["scenario"]](spec.get("config", {}), spec.get("forward", {}))
+        result = SCENARIOS[spec["scenario"]](
+            spec.get("config", {}), spec.get("forward", {}), **spec.get("options", {})
+        )
         result["megatron_file"] = megatron.core.__file__
         results.append(result)
     Utils.destroy_model_parallel()

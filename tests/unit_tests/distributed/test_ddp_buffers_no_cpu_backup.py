@@ -12,7 +12,11 @@ import types
 import pytest
 import torch
 
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    param_and_grad_buffer,
+)
 from tests.unit_tests.models.gpt.test_gpt_model_moe_mtp_cpu import build_gpt, tiny_moe_mtp_config
 from tests.unit_tests.test_utilities import Utils
 
@@ -49,8 +53,8 @@ def saver(monkeypatch):
     return stand_in
 
 
-def _ddp(**ddp_fields):
-    config = tiny_moe_mtp_config(mtp_num_layers=None)
+def _ddp(model_fields=None, **ddp_fields):
+    config = tiny_moe_mtp_config(mtp_num_layers=None, **(model_fields or {}))
     torch.manual_seed(1)
     model = build_gpt(config, with_mtp=False)
     return DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_fields), model)
@@ -116,3 +120,45 @@ class TestBuffersWithoutCpuBackup:
     def test_refused_with_nccl_ub(self, saver, flag):
         with pytest.raises(ValueError, match=r"cpu_backup.*nccl_ub allocates them from NCCL"):
             _ddp(use_distributed_optimizer=True, nccl_ub=True, **{flag: True})
+
+
+@pytest.fixture
+def mxfp8_params(monkeypatch):
+    """Every parameter reads as MXFP8 to the buffer (TE's MXFP8 tensors need a GPU): the buffer
+    takes its branch where params and grads share one allocation. A bf16 model, so params and
+    grads share the dtype as that branch expects."""
+    monkeypatch.setattr(param_and_grad_buffer, "is_mxfp8tensor", lambda tensor: True)
+    return dict(bf16=True, params_dtype=torch.bfloat16)
+
+
+class TestMxfp8SharedBuffer:
+    def setup_method(self, method):
+        Utils.initialize_model_parallel(1, 1)
+
+    def teardown_method(self, method):
+        Utils.destroy_model_parallel()
+
+    def test_shared_buffer_in_one_region_without_backup(self, saver, mxfp8_params):
+        ddp = _ddp(
+            mxfp8_params,
+            use_distributed_optimizer=True,
+            disable_grad_buffers_cpu_backup=True,
+            disable_param_buffers_cpu_backup=True,
+        )
+        assert _buffers(ddp)
+        for buffer in _buffers(ddp):
+            assert buffer.grad_data is buffer.shared_buffer
+            assert _region_of(saver, buffer.shared_buffer) == [("shared_param_grad_buffer", False)]
+        assert {tag for tag, _, _ in saver.allocations} == {"shared_param_grad_buffer"}
+
+    def test_shared_buffer_allocated_normally_when_off(self, saver, mxfp8_params):
+        ddp = _ddp(mxfp8_params, use_distributed_optimizer=True)
+        assert all(b.grad_data is b.shared_buffer for b in _buffers(ddp))
+        assert saver.allocations == []
+
+    @pytest.mark.parametrize(
+        "flag", ["disable_grad_buffers_cpu_backup", "disable_param_buffers_cpu_backup"]
+    )
+    def test_one_flag_alone_is_refused(self, saver, mxfp8_params, flag):
+        with pytest.raises(ValueError, match="MXFP8 params share one buffer.*must be equal"):
+            _ddp(mxfp8_params, use_distributed_optimizer=True, **{flag: True})

@@ -78,6 +78,30 @@ def _own_entries(rank, world_size, offload):
     assert_each_entry_is_its_own(model, optimizer)
 
 
+def _step_updates_fp32_params_in_place(rank, world_size):
+    model, optimizer = build(seed=1)
+    fp32 = [(n, p) for n, p in model.named_parameters() if p.dtype == torch.float32]
+    assert fp32 and any(p.dtype == torch.bfloat16 for p in model.parameters())
+    # The fp32 shard is a view of its model parameter's storage (the param buffer), so the step
+    # writes the parameter itself; no copy back follows for fp32 params.
+    for name, param, start, end, state in shards(model, optimizer):
+        if param.dtype == torch.float32:
+            shard = state["param"]
+            assert shard.untyped_storage().data_ptr() == param.untyped_storage().data_ptr(), name
+    before = {n: p.detach().clone() for n, p in fp32}
+    gen = torch.Generator().manual_seed(3)
+    for param in model.parameters():
+        param.main_grad.copy_(torch.randn(param.shape, generator=gen))
+    optimizer.step()
+    for name, param in fp32:
+        assert not torch.equal(param.detach(), before[name]), f"the step left {name} unchanged"
+    for name, param, start, end, state in shards(model, optimizer):
+        own = param.detach().view(-1)[start:end]
+        assert torch.equal(state["param"].detach().view(-1).to(param.dtype), own), (
+            f"after the step {name} is not its own main param (rounded to {param.dtype})"
+        )
+
+
 def _save(rank, world_size, ckpt_dir, ref_path):
     model, optimizer = build(seed=1)
     gen = torch.Generator().manual_seed(100)
@@ -126,6 +150,11 @@ def _load_and_compare(rank, world_size, ckpt_dir, ref_path):
 @pytest.mark.parametrize("offload", [False, True], ids=["on_device", "cpu_offload"])
 def test_each_param_maps_to_its_own_optimizer_entry(offload):
     run_distributed(_own_entries, 1, offload)
+
+
+@pytest.mark.slow
+def test_a_step_updates_the_fp32_params_through_their_shared_shards():
+    run_distributed(_step_updates_fp32_params_in_place, 1)
 
 
 def test_save_and_load_restore_every_state_tensor_bit_for_bit(tmp_path):

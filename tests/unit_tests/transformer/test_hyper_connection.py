@@ -6,6 +6,8 @@ The MTP multistream contract has its own file (``test_mhc_multistream.py``).
 """
 
 
+import math
+
 import pytest
 import torch
 
@@ -131,6 +133,19 @@ class TestSinkhornLog:
         m = sinkhorn_log(logits, 20)
         assert torch.isfinite(m).all()
         torch.testing.assert_close(m.sum(-1), torch.ones(20000, 4), atol=1e-5, rtol=0)
+        m.backward(torch.randn(m.shape, generator=gen))
+        assert torch.isfinite(logits.grad).all()
+
+    def test_infinite_logits_give_finite_matrices_and_gradients(self):
+        """Mapping logits that overflowed (+-inf, a whole row of +inf) are clamped first: the
+        log-potentials stay finite, rows sum to 1, the gradient is finite."""
+        gen = torch.Generator().manual_seed(3)
+        logits = torch.randn(8, 4, 4, generator=gen)
+        logits[0, 1, 2], logits[1, 3, 0], logits[2, 0, :] = math.inf, -math.inf, math.inf
+        logits.requires_grad_(True)
+        m = sinkhorn_log(logits, 20)
+        assert torch.isfinite(m).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(8, 4), atol=1e-5, rtol=0)
         m.backward(torch.randn(m.shape, generator=gen))
         assert torch.isfinite(logits.grad).all()
 

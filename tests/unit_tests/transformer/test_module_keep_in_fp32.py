@@ -58,6 +58,34 @@ class TestKeepInFp32:
             if isinstance(ours[key], torch.Tensor):
                 assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
 
+    @pytest.mark.parametrize("precision", sorted(HALF))
+    def test_buffers_cast_like_upstream_except_marked(self, precision):
+        """Every buffer, non-persistent and integer ones too (quantile balancing's ``long`` count),
+        gets upstream's cast; a marked buffer stays fp32."""
+        qb = dict(moe_router_load_balancing_type="quantile_balancing", moe_aux_loss_coeff=0.0)
+        models = []
+        for _ in range(2):
+            config = tiny_moe_mtp_config(moe_router_dtype="fp32", **{precision: True}, **qb)
+            torch.manual_seed(7)
+            models.append(build_gpt(config))
+        ours, reference = models
+        # By name: a buffer the cast converts is a new tensor, not the one that was marked.
+        marked = {n for n, b in ours.named_buffers() if n.endswith(".qb_beta")}
+        for name, buffer in ours.named_buffers():
+            if name in marked:
+                assert mark_keep_in_fp32(buffer) is buffer
+        assert marked
+        ours = Float16Module(config, ours).module
+        reference = reference.half() if precision == "fp16" else reference.bfloat16()
+        theirs = dict(reference.named_buffers())
+        names = {name for name, _ in ours.named_buffers()}
+        assert names == set(theirs) and any(n.endswith("qb_beta_count") for n in names)
+        for name, buffer in ours.named_buffers():
+            if name in marked:
+                assert buffer.dtype == torch.float32, name
+                continue
+            assert buffer.dtype == theirs[name].dtype and torch.equal(buffer, theirs[name]), name
+
     def test_marked_gate_trains_in_fp32_through_ddp(self):
         config, model, gates = _model("bf16")
         ddp = DistributedDataParallel(

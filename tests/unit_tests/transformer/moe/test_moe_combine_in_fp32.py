@@ -12,14 +12,16 @@ import pytest
 import torch
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.moe import moe_layer
 from megatron.core.transformer.transformer_config import TransformerConfig
 from tests.unit_tests.test_utilities import Utils, unit_device
 
-HIDDEN, EXPERTS, TOPK, SEQ, BATCH = 64, 8, 4, 32, 2
+HIDDEN, EXPERTS, TOPK, SEQ, BATCH, LATENT = 64, 8, 4, 32, 2, 32
 
 
-def _layer(dispatcher, flag=None, **extra):
-    """A bf16 MoE layer; ``flag=None`` leaves moe_combine_in_fp32 at its default."""
+def _layer(dispatcher, flag=None, router_dtype="fp32", **extra):
+    """A bf16 MoE layer; ``flag=None`` leaves moe_combine_in_fp32 at its default;
+    ``router_dtype=None`` is the default router dtype (the probabilities come out bf16)."""
     if flag is not None:
         extra["moe_combine_in_fp32"] = flag
     config = TransformerConfig(
@@ -31,7 +33,7 @@ def _layer(dispatcher, flag=None, **extra):
         moe_ffn_hidden_size=96,
         moe_token_dispatcher_type=dispatcher,
         moe_router_load_balancing_type="none",
-        moe_router_dtype="fp32",
+        moe_router_dtype=router_dtype,
         add_bias_linear=False,
         use_cpu_initialization=True,
         bf16=True,
@@ -70,6 +72,19 @@ def _reference(seen):
     return ref.index_add_(0, tokens, expert_out.double() * weights)
 
 
+class _StandInLinear(torch.nn.Module):
+    """TELinear's constructor and ``(output, bias)`` return for the latent projections."""
+
+    def __init__(self, in_features, out_features, *, config, bias, **_):
+        super().__init__()
+        gen = torch.Generator().manual_seed(in_features + 3 * out_features)
+        weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5
+        self.weight = torch.nn.Parameter(weight.to(config.params_dtype))
+
+    def forward(self, x):
+        return x @ self.weight.t(), None
+
+
 @pytest.fixture(autouse=True)
 def _cpu_streams(monkeypatch):
     """The alltoall dispatcher makes a CUDA side stream; on CPU, the harness's stand-in (for this
@@ -97,6 +112,59 @@ class TestMoECombineInFp32:
         exact = _reference(seen).reshape(output.shape)
         matches = (output == exact.to(torch.bfloat16)).double().mean().item()
         assert matches > 0.99, f"only {matches:.3f} of the output is the single rounding"
+
+    def test_bf16_router_probs_are_combined_in_fp32_too(self, dispatcher):
+        """With the default router dtype the probabilities are bf16: the weighting must still
+        happen in fp32 (a bf16 product rounds before the sum)."""
+        _, output, seen = _run(_layer(dispatcher, True, router_dtype=None))
+        assert seen["probs"].dtype == torch.bfloat16
+        exact = _reference(seen).reshape(output.shape)
+        matches = (output == exact.to(torch.bfloat16)).double().mean().item()
+        assert matches > 0.99, f"only {matches:.3f} of the output is the single rounding"
+
+    def test_latent_projection_and_shared_experts_take_the_rounded_combine(
+        self, dispatcher, monkeypatch
+    ):
+        """With moe_latent_size the fp32 combine is rounded to bf16 before fc2_latent_proj, and
+        the shared experts' bf16 output is added to the bf16 result."""
+        monkeypatch.setattr(moe_layer, "HAVE_TE", True)
+        monkeypatch.setattr(moe_layer, "TELinear", _StandInLinear)
+        layer = _layer(
+            dispatcher, True, moe_latent_size=LATENT, moe_shared_expert_intermediate_size=48
+        )
+        assert layer.shared_experts is not None
+        seen = {}
+        layer.fc2_latent_proj.register_forward_pre_hook(lambda m, a: seen.update(latent_in=a[0]))
+        layer.shared_experts.register_forward_hook(lambda m, a, out: seen.update(shared=out))
+        _, output, routed = _run(layer)
+        exact = _reference(routed)
+        assert seen["latent_in"].dtype == torch.bfloat16
+        assert (seen["latent_in"].reshape(exact.shape) == exact.to(torch.bfloat16)).double().mean() > 0.99
+        projected, _ = layer.fc2_latent_proj(seen["latent_in"])
+        assert output.dtype == torch.bfloat16
+        assert torch.equal(output, projected + seen["shared"])
+
+    def test_inference_optimized_dispatcher_weights_in_the_experts(self, dispatcher):
+        """On the inference-optimized dispatcher's path the experts weight their outputs (the
+        inference experts do), with or without the flag: same output, bf16."""
+        from megatron.core.inference.utils import InferenceMode
+
+        outputs = {}
+        for flag in (False, True):
+            layer = _layer(dispatcher, flag)
+            # The inference dispatcher stands in as the training one (NCCL/NVLS need GPUs); the
+            # inference path calls the experts with the routing map.
+            layer._training_token_dispatcher = layer._inference_token_dispatcher = (
+                layer.token_dispatcher
+            )
+            plain = layer.experts.forward
+            layer.experts.forward = lambda x, counts, probs, routing_map=None: plain(x, counts, probs)
+            with InferenceMode.active():
+                _, outputs[flag], seen = _run(layer)
+            routed = seen["probs"][seen["map"]]
+            assert torch.equal(seen["expert_probs"].sort().values, routed.sort().values)
+        assert outputs[True].dtype == torch.bfloat16
+        assert torch.equal(outputs[True], outputs[False])
 
     def test_inference_flag_alone_keeps_the_fp32_combine(self, dispatcher):
         """InferenceMode without the inference dispatcher runs the training path (an RL log-prob

@@ -68,6 +68,19 @@ class TestReboundRouterReplayClass:
         assert "moe_enable_routing_replay" in message
         assert ForeignReplay.instances == []
 
+    def test_a_rebinding_that_is_not_a_class_is_refused_by_name(self, monkeypatch):
+        """A factory function in the class's place (it would even build the fork's object) is
+        refused the same way, not met with a TypeError from the subclass check."""
+
+        def replay_factory(owner):
+            return RouterReplay(owner=owner)
+
+        monkeypatch.setattr(router_module, "RouterReplay", replay_factory)
+        with pytest.raises(ForkSymbolReplaced) as raised:
+            _build_router()
+        assert f"rebound to {__name__}.{replay_factory.__qualname__}" in str(raised.value)
+        assert RouterReplay.global_router_replay_instances == []
+
     def test_a_subclass_of_the_fork_class_is_built_and_registered(self, monkeypatch):
         monkeypatch.setattr(router_module, "RouterReplay", ExtendedReplay)
         router = _build_router()

@@ -124,6 +124,16 @@ class TestRouterUseTorchMM:
         ).double()
         assert torch.allclose(router.weight.grad.double(), expected_wgrad, rtol=2e-2, atol=1e-1)
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+    def test_bias_gets_its_gradient_in_its_dtype(self, dtype):
+        router = _router(True, bias=True)
+        router.bias.data = router.bias.data.to(dtype)
+        upstream_grad = torch.randn(8, 4, EXPERTS).to(unit_device())
+        router.gating(_hidden()).backward(upstream_grad)
+        assert router.bias.grad is not None and router.bias.grad.dtype == dtype
+        expected = upstream_grad.reshape(-1, EXPERTS).double().sum(0)
+        assert torch.allclose(router.bias.grad.double(), expected, rtol=1e-2, atol=1e-3)
+
     @pytest.mark.parametrize("router_dtype", [None, "fp64"])
     def test_refused_unless_router_dtype_is_fp32(self, router_dtype):
         with pytest.raises(ValueError, match="moe_router_use_torch_mm.*moe_router_dtype='fp32'"):
