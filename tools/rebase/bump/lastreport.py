@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from tools.rebase.errors import RebaseError
-from tools.rebase.git.safefs import write_file
+from tools.rebase.git.safefs import read_nofollow, write_file
 
 
 class _Root:
@@ -36,9 +36,9 @@ def report_last_bump(lay, run_tests=False, log=None):
 
     path = last_bump_dir(lay) / "record.json"
     record = None
-    if path.is_file():
+    if path.is_file() or path.is_symlink():  # a link there is refused by name, never read through
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(read_nofollow(path).decode("utf-8"))
         except ValueError as exc:
             raise RebaseError(f"{path} is corrupt ({exc}); delete it to rebuild the record from git history") from None
         record = _current_or_forgotten(lay, record, log)

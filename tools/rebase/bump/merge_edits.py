@@ -9,7 +9,7 @@ from tools.rebase.bump.rerere_store import check_entry, refuse_links
 from tools.rebase.errors import RebaseError
 from tools.rebase.git import names
 from tools.rebase.git.gitcmd import git, git_proc
-from tools.rebase.git.safefs import read_nofollow, write_file
+from tools.rebase.git.safefs import holds_bytes, read_nofollow, write_file
 from tools.rebase.stack.recordings import PATH_FILE, recorded_path
 
 # ---------------------------------------------------------------- edits of cleanly merged files
@@ -53,7 +53,7 @@ def export_merge_edits(work: Path, store: Path, patch_name: str, merged: dict, c
         for dest, data in ((target / "preimage", git("cat-file", "blob", blob, cwd=work, binary=True)),
                            (target / "postimage", git("cat-file", "blob", after, cwd=work, binary=True)),
                            (target / PATH_FILE, f"{path}\n".encode())):
-            if not dest.is_file() or dest.read_bytes() != data:
+            if not holds_bytes(dest, data):
                 write_file(store, dest, data)
         written.append(blob)
     return written

@@ -15,7 +15,7 @@ from pathlib import Path
 from tools.rebase.git import names
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc
-from tools.rebase.git.safefs import copy_entry, write_file
+from tools.rebase.git.safefs import copy_entry, holds_bytes, write_file
 from tools.rebase.stack.recordings import PATH_FILE
 
 RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true")
@@ -145,7 +145,7 @@ def export_resolutions(work: Path, store: Path, patch_name: str, ids: list) -> l
                 stale.unlink()
         for source, dest in ((pre, target / "preimage"), (post, target / "postimage")):
             data = source.read_bytes()
-            if not dest.is_file() or dest.read_bytes() != data:
+            if not holds_bytes(dest, data):
                 write_file(store, dest, data)
     return missing
 

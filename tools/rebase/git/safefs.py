@@ -146,6 +146,15 @@ def extract_tar(tar, dest: Path) -> None:
 MAX_READ_BYTES = 64 << 20
 
 
+def holds_bytes(path: Path, data: bytes) -> bool:
+    """Whether ``path`` is a plain file holding exactly ``data``, read without following a link:
+    a link, a FIFO or a missing file is "no" (the caller rewrites it; nothing is read through it)."""
+    try:
+        return read_nofollow(path, limit=max(len(data), 1)) == data
+    except (OSError, RebaseError):
+        return False
+
+
 def read_nofollow(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
     """The bytes of the regular file ``path``: a link is an error, and so is a FIFO, device or
     folder (opened without blocking, so a FIFO a checkout carries cannot hang the tool), and a file
