@@ -55,7 +55,7 @@ def test_a_fresh_clone_report_says_its_test_results_are_the_committed_ones(tmp_p
     def forge(pr):
         report = json.loads((pr / "REBASE_REPORT.json").read_text())
         rows = [row for row in report["mapping"] if row.get("tests")]
-        assert rows  # the resolved patch's tests ran in the bump
+        assert len(rows) == 2  # the finishing gate ran every patch's tests on the bumped stack
         for row in rows:
             row["tests"] = {node: "passed (forged)" for node in row["tests"]}
         (pr / "REBASE_REPORT.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -64,7 +64,7 @@ def test_a_fresh_clone_report_says_its_test_results_are_the_committed_ones(tmp_p
     proc = tool(ci, "report", cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr
     assert "passed (forged)" in (ci / "REBASE_REPORT.md").read_text()  # regenerated as committed
-    assert ("test result(s) of 1 patch(es) are read back from the committed REBASE_REPORT.json, not run "
+    assert ("2 test result(s) of 2 patch(es) are read back from the committed REBASE_REPORT.json, not run "
             "here") in proc.stdout, proc.stdout
 
 
