@@ -5,7 +5,7 @@ byte-identical patches and report with and without them."""
 import threading
 
 from tests.tools.bumpkit import make_fork, quiet
-from tests.tools.bump.test_bump import STACK, no_runner, upstream_v2
+from tests.tools.bump.test_bump import STACK, passing, upstream_v2
 from tools.rebase.git import prefetch
 from tools.rebase.bump.bump import bump
 from tools.rebase.analysis.diffparse import prefetch_range, read_range
@@ -71,7 +71,7 @@ def _bumped(root, monkeypatch, prefetching):
         fork = make_fork(root)
         fork.stack(STACK)
         upstream_v2(fork)
-        data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=no_runner)
+        data = bump(fork.layout, f"git:{fork.upstream}@v2", log=quiet, test_runner=passing)
     rows = [(r["status"], [c["subject"] for c in r["old"]], [c["subject"] for c in r["new"]])
             for r in data["mapping"]]
     left = [key for key in prefetch._slots if key[1] == str(fork.work)]

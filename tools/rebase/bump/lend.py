@@ -27,6 +27,7 @@ from tools.rebase.bump.commits import _unmerged
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc
 from tools.rebase.git.paths import LINES_DIR
+from tools.rebase.git.safefs import write_file
 from tools.rebase.stack.series import parse_patch, read_series
 
 RELEASE = "release"  # how the release line (the checkout's top level) is named at a stop
@@ -150,6 +151,6 @@ def take(work: Path, home, own, name: str, label: str) -> list:
         target = work / path
         if target.is_symlink():
             raise RebaseError(f"{target}: --take-from does not write through a link")
-        target.write_bytes(git("cat-file", "blob", blob, cwd=work, binary=True))
+        write_file(work, target, git("cat-file", "blob", blob, cwd=work, binary=True))
         git("add", "--", path, cwd=work)
     return sorted(resolved)

@@ -14,7 +14,6 @@ import hashlib
 import os
 import re
 import tarfile
-import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def verified_archive(cache: Path, pin, log) -> tuple[list, int]:
     """The pinned commit's archive entries, their digest equal to the pin's ``tree_sha256``: from
     the cache, or downloaded once (only a verified archive is kept there)."""
     from tools.rebase.git.lock import key_locked
-    from tools.rebase.git.safefs import makedirs
+    from tools.rebase.git.safefs import exclusive_temp, makedirs
 
     if not pin.tree_sha256:
         raise RebaseError(f"the pin of {pin.url}@{pin.commit} records no tree_sha256, so its archive cannot be "
@@ -157,16 +156,16 @@ def verified_archive(cache: Path, pin, log) -> tuple[list, int]:
         url = archive_url(pin)
         log(f"downloading upstream's archive of {pin.commit} ({url}); its tree is checked against the pin's "
             f"tree_sha256 before anything is used")
-        fd, part = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+        out, part = exclusive_temp(folder, f".{target.name}.", ".part")
         try:
-            with os.fdopen(fd, "w+b") as fh:
+            with out:
                 try:
                     with urllib.request.urlopen(url, timeout=120) as response:
                         for block in iter(lambda: response.read(1 << 20), b""):
-                            fh.write(block)
+                            out.write(block)
                 except OSError as exc:
                     raise RebaseError(f"could not download {url}: {exc}; nothing was cached") from None
-                fh.seek(0)
+            with open(part, "rb") as fh:
                 found = _checked(fh, url, pin)
             os.replace(part, target)
             mark_file(target, ARCHIVE_PURPOSE)
