@@ -23,21 +23,28 @@ def test_every_example_is_listed_in_the_readme():
 def test_example_runs(script):
     # As the README runs them, from the checkout root; PYTHONPATH makes this checkout's megatron/
     # win over an installed copy.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    # A newcomer's shell has no rendezvous address: an earlier in-process test's MASTER_PORT (the
-    # harness keeps it in os.environ) would make every example bind that one port.
+    proc = _run_example(script, [ROOT])
+    # Upstream's GPTModel notice names a guide the installed package does not have (issue 47).
+    assert "hybrid-model-migration.md" not in proc.stdout + proc.stderr
+
+
+def _run_example(script, roots):
+    """Run ``script`` from the checkout root with ``roots`` first on PYTHONPATH, as a newcomer's shell
+    would (no rendezvous address), and require it to end in "ok" with no warning from megatron."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [*map(str, roots), os.environ.get("PYTHONPATH")])))
+    # An earlier in-process test's MASTER_PORT (the harness keeps it in os.environ) would make
+    # every example bind that one port.
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.rstrip().endswith("ok"), proc.stdout[-3000:]
-    # Upstream's GPTModel notice names a guide the installed package does not have (issue 47).
-    assert "hybrid-model-migration.md" not in proc.stdout + proc.stderr
     # Megatron warns only where the user can act: no import-time fallback notice, no warning
     # about a field the example never set (issue 47).
     noise = [line for line in proc.stderr.splitlines() if re.search(r"megatron/\S+\.py:\d+: \w*Warning", line)]
     assert not noise, "\n".join(noise)
+    return proc
 
 
 DEV_EXAMPLES = sorted((ROOT / "examples" / "upstream_dev").glob("*.py"))
@@ -70,15 +77,7 @@ def test_upstream_dev_example_runs(script, tmp_path):
     if tree is None:
         pytest.skip("needs the upstream-dev line's tree: apply --line upstream-dev here, or set "
                     "FORK_DEV_MIRROR to a Megatron-LM clone holding the line's pin")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")])))
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.rstrip().endswith("ok"), proc.stdout[-3000:]
-    noise = [line for line in proc.stderr.splitlines() if re.search(r"megatron/\S+\.py:\d+: \w*Warning", line)]
-    assert not noise, "\n".join(noise)
+    _run_example(script, [tree, ROOT])
 
 
 def test_the_examples_drop_only_upstreams_gptmodel_notice(caplog, monkeypatch):
