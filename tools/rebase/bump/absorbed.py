@@ -4,7 +4,7 @@
 from tools.rebase.analysis.diffparse import find_absorbing_commit, list_range, upstream_commits
 from tools.rebase.bump.commits import _files_of
 from tools.rebase.bump.prepare import _pin_from_toml
-from tools.rebase.report.report import reverse_applies
+from tools.rebase.analysis.whereabouts import reverse_applies
 
 
 class AbsorbedBy:

@@ -16,7 +16,6 @@ from tools.rebase.analysis.diffparse import fill_patch_ids, find_absorbing_commi
 from tools.rebase.errors import RebaseError
 from tools.rebase.git.gitcmd import git, git_proc, rev_parse
 from tools.rebase.analysis import absorption, fingerprints, inbase, reasons, reimplemented, whereabouts
-from tools.rebase.analysis.whereabouts import reverse_applies  # noqa: F401 (bump/absorbed.py imports it from here)
 from tools.rebase.analysis.basecompare import base_specs, committer_time, downgrade_warnings, package_changes
 from tools.rebase.analysis.lint import read_blobs
 from tools.rebase.analysis.review import review_focus
