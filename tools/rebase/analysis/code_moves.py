@@ -41,7 +41,8 @@ def distinctive(lines, limit: int = MAX_LINES) -> list:
     return out
 
 
-def _subject(work, sha: str) -> str:
+def commit_subject(work, sha: str) -> str:
+    """The subject line of ``sha``, "" when the repository does not hold it."""
     proc = git_proc("show", "-s", "--format=%s", sha, cwd=work)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
@@ -107,10 +108,10 @@ def _file_gone(work, old: str, new: str, path: str, texts: list) -> dict | None:
             if source != path:
                 continue
             if status == "R":
-                return {"commit": sha, "subject": _subject(work, sha), "how": f"renamed to {target}"}
+                return {"commit": sha, "subject": commit_subject(work, sha), "how": f"renamed to {target}"}
             changes = _changes(work, sha, merges)
             to = _moved_to(changes, path, set(texts)) if texts else ""
-            return {"commit": sha, "subject": _subject(work, sha),
+            return {"commit": sha, "subject": commit_subject(work, sha),
                     "how": f"moved to {to}" if to else "file deleted"}
     return None
 
@@ -141,7 +142,7 @@ def _lines_gone(work, old: str, new: str, path: str, texts: list) -> list:
                 kept = text in changes.get(path, (set(), set()))[1]
                 if kept and not to:
                     continue  # rewritten in place: blame's business
-                found[sha] = {"commit": sha, "subject": _subject(work, sha),
+                found[sha] = {"commit": sha, "subject": commit_subject(work, sha),
                               "how": f"moved to {to}" if to else "deleted"}
                 break  # a later commit removing it again (a sync merge built on this one) is not the cause
         if found:

@@ -303,7 +303,7 @@ def _added_by_old_stack(work, old_chain, path: str, st: dict) -> str:
 
 
 def _cause(work, sha: str, subjects: dict, lines: int, files: dict) -> dict:
-    cause = {"commit": sha, "subject": subjects.get(sha) or _subject(work, sha), "lines": lines,
+    cause = {"commit": sha, "subject": subjects.get(sha) or code_moves.commit_subject(work, sha), "lines": lines,
              "files": sorted(p for p, i in files.items() if sha in i["causes"])}
     how = sorted({f"{p}: {w['how']}" for p, i in files.items() for w in i.get("went", []) if w["commit"] == sha})
     if how:
@@ -323,11 +323,6 @@ def _patch_context(work, st: dict, base_lines: list, around: int = 2) -> list:
         first = b0 if bn else b0 + 1
         picked.update(range(max(1, first - around), min(len(base_lines), first + max(bn, 1) - 1 + around) + 1))
     return [base_lines[i - 1] for i in sorted(picked)]
-
-
-def _subject(work, sha: str) -> str:
-    proc = git_proc("show", "-s", "--format=%s", sha, cwd=work)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
 def _removed_lines(work, commits: list) -> dict:
